@@ -1,6 +1,10 @@
 """hpcdist: the tf.distribute programming model for MPI codes on NumPy and CuPy.
 
-Importing hpcdist does not start MPI; :func:`hpcdist.runtime.world` does.
+``import hpcdist as hd`` reads like ``tf.distribute``: ``hd.MirroredStrategy``,
+``hd.MultiWorkerMirroredStrategy``, ``hd.ReduceOp``, ``hd.get_replica_context``,
+``hd.Variable``, ``hd.experimental.CommunicationOptions``,
+``hd.cluster_resolver.SlurmClusterResolver``. Importing hpcdist does not
+start MPI; :func:`hpcdist.runtime.world` (and a multi-worker strategy) does.
 
 Example:
     >>> import hpcdist as hd
@@ -9,9 +13,23 @@ Example:
     2
 """
 
-from hpcdist import cluster_resolver, errors, runtime
+from hpcdist import cluster_resolver, errors, experimental, runtime
+from hpcdist.collectives.options import CommunicationImplementation, CommunicationOptions
+from hpcdist.distribute import *  # noqa: F403  (the tf.distribute names, listed in __all__)
+from hpcdist.distribute import __all__ as _distribute_names
 from hpcdist.runtime import World, world
 
 __version__ = "0.1.0"
 
-__all__ = ["World", "__version__", "cluster_resolver", "errors", "runtime", "world"]
+__all__ = [
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "World",
+    "__version__",
+    "cluster_resolver",
+    "errors",
+    "experimental",
+    "runtime",
+    "world",
+    *_distribute_names,
+]

@@ -59,6 +59,35 @@ class LaunchError(HpcdistError, RuntimeError):
     """The job was launched wrongly (singleton worlds under srun, disagreeing sizes)."""
 
 
+class CollectiveTimeoutError(HpcdistError, TimeoutError):
+    """A collective did not complete within ``CommunicationOptions.timeout_seconds``.
+
+    Usually some rank never joined it (a hang, a crash, a rank that skipped
+    the call). MPI cannot cancel a collective, so the communicator is
+    unusable afterwards: abort the job. ``request`` is the still pending
+    operation; where every rank is known to join eventually, ``request.Wait()``
+    completes it and leaves the communicator clean again.
+
+    Example:
+        >>> err = CollectiveTimeoutError("allreduce did not complete within 5 s")
+        >>> isinstance(err, TimeoutError), err.request
+        (True, None)
+    """
+
+    request = None  # the pending operation (has Wait() and Test()), set by the engine
+
+
+class CollectiveMismatchError(HpcdistError, ValueError):
+    """Ranks called a collective with disagreeing arguments (operation, shapes, dtypes, root).
+
+    Raised on every rank of the communicator, naming which ranks passed what.
+
+    Example:
+        >>> issubclass(CollectiveMismatchError, ValueError)
+        True
+    """
+
+
 __all__ = [
     "HpcdistError",
     "ClusterConfigError",
@@ -68,4 +97,6 @@ __all__ = [
     "GPUBindingError",
     "DuplicateTaskError",
     "LaunchError",
+    "CollectiveTimeoutError",
+    "CollectiveMismatchError",
 ]

@@ -1,0 +1,190 @@
+"""How collectives communicate: the implementation to use, pack size and timeout.
+
+:class:`CommunicationOptions` follows ``tf.distribute.experimental.CommunicationOptions``:
+``bytes_per_pack``, ``timeout_seconds`` and ``implementation``. Options given
+to one call are merged over the options of the strategy (or engine): a field
+the call sets to a non-default value wins.
+
+Example:
+    >>> base = CommunicationOptions(timeout_seconds=30)
+    >>> base.merge(CommunicationOptions(implementation="ring"))
+    CommunicationOptions(bytes_per_pack=0, timeout_seconds=30, implementation=RING)
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from numbers import Real
+from typing import Any
+
+
+class CommunicationImplementation(enum.Enum):
+    """Which transport carries a collective.
+
+    * ``AUTO``: hpcdist chooses (today always MPI).
+    * ``RING``: MPI's own allreduce algorithms on the CPU (TF's name for its CPU path).
+    * ``NCCL``: NCCL between GPUs (the GPU issue; falls back to MPI until then).
+    * ``MPI``: MPI collectives, explicitly.
+    * ``SHM``: node shared memory plus MPI between nodes (the collectives-engine
+      issue; falls back to MPI until then).
+
+    Example:
+        >>> CommunicationImplementation.from_any("nccl") is CommunicationImplementation.NCCL
+        True
+    """
+
+    AUTO = "AUTO"
+    RING = "RING"
+    NCCL = "NCCL"
+    MPI = "MPI"
+    SHM = "SHM"
+
+    @classmethod
+    def from_any(cls, value: Any) -> CommunicationImplementation:
+        """The member given itself or its name in any case (``"ring"``, ``"Nccl"``).
+
+        Example: ``CommunicationImplementation.from_any("auto")`` is ``AUTO``.
+        """
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value.strip().upper() in cls.__members__:
+            return cls[value.strip().upper()]
+        names = ", ".join(cls.__members__)
+        raise ValueError(
+            f"implementation is {value!r}; expected one of {names} "
+            "(a hpcdist CommunicationImplementation or its name as a string)"
+        )
+
+
+#: The name TF used before ``CommunicationImplementation``.
+CollectiveCommunication = CommunicationImplementation
+
+
+def _check_bytes_per_pack(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"bytes_per_pack is {value!r} of type {type(value).__name__}; expected an int "
+            ">= 0 (0 lets hpcdist choose)"
+        )
+    if value < 0:
+        raise ValueError(f"bytes_per_pack is {value}; expected an int >= 0 (0 lets hpcdist choose)")
+    return int(value)
+
+
+def _check_timeout(value: Any) -> float | int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(
+            f"timeout_seconds is {value!r}; expected None (no timeout) or a finite number > 0"
+        )
+    if value <= 0:
+        raise ValueError(
+            f"timeout_seconds is {value!r}; expected None (no timeout) or a number > 0"
+        )
+    return value
+
+
+class CommunicationOptions:
+    """Options of cross-rank collectives, like TF's ``CommunicationOptions``.
+
+    Args:
+        bytes_per_pack: split the fused buffers of one call into messages of
+            at most this many bytes (0: no split, one message per dtype).
+        timeout_seconds: raise :class:`~hpcdist.errors.CollectiveTimeoutError`
+            when a collective does not complete in this many seconds
+            (``None``: wait for ever). Every rank must either set a timeout or
+            not: with one the engine uses MPI's nonblocking calls, which do not
+            match blocking ones.
+        implementation: a :class:`CommunicationImplementation` or its name.
+
+    Options are immutable, comparable and hashable.
+
+    Example:
+        >>> opts = CommunicationOptions(bytes_per_pack=50 * 1024 * 1024, timeout_seconds=120)
+        >>> opts.implementation
+        <CommunicationImplementation.AUTO: 'AUTO'>
+    """
+
+    __slots__ = ("_bytes_per_pack", "_timeout_seconds", "_implementation")
+
+    def __init__(
+        self,
+        bytes_per_pack: int = 0,
+        timeout_seconds: float | None = None,
+        implementation: CommunicationImplementation | str = CommunicationImplementation.AUTO,
+    ) -> None:
+        self._bytes_per_pack = _check_bytes_per_pack(bytes_per_pack)
+        self._timeout_seconds = _check_timeout(timeout_seconds)
+        self._implementation = CommunicationImplementation.from_any(implementation)
+
+    @property
+    def bytes_per_pack(self) -> int:
+        """Largest message in bytes a fused buffer is split into (0: no split)."""
+        return self._bytes_per_pack
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        """Seconds a collective may take before it raises (``None``: no limit)."""
+        return self._timeout_seconds
+
+    @property
+    def implementation(self) -> CommunicationImplementation:
+        """The transport asked for."""
+        return self._implementation
+
+    def merge(self, other: CommunicationOptions | None) -> CommunicationOptions:
+        """New options: the fields ``other`` sets to non-default values win.
+
+        Example:
+            >>> a = CommunicationOptions(bytes_per_pack=1024, timeout_seconds=10)
+            >>> a.merge(CommunicationOptions(timeout_seconds=2)).timeout_seconds
+            2
+        """
+        if other is None:
+            return self
+        if not isinstance(other, CommunicationOptions):
+            raise TypeError(
+                f"options is {other!r} of type {type(other).__name__}; expected "
+                "hpcdist.CommunicationOptions or None"
+            )
+        default = _DEFAULT
+        return CommunicationOptions(
+            bytes_per_pack=(
+                other.bytes_per_pack
+                if other.bytes_per_pack != default.bytes_per_pack
+                else self.bytes_per_pack
+            ),
+            timeout_seconds=(
+                other.timeout_seconds
+                if other.timeout_seconds != default.timeout_seconds
+                else self.timeout_seconds
+            ),
+            implementation=(
+                other.implementation
+                if other.implementation is not default.implementation
+                else self.implementation
+            ),
+        )
+
+    def _key(self) -> tuple[int, float | None, CommunicationImplementation]:
+        return (self._bytes_per_pack, self._timeout_seconds, self._implementation)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CommunicationOptions):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"CommunicationOptions(bytes_per_pack={self._bytes_per_pack}, "
+            f"timeout_seconds={self._timeout_seconds}, "
+            f"implementation={self._implementation.name})"
+        )
+
+
+_DEFAULT = CommunicationOptions()

@@ -1,0 +1,457 @@
+"""``StrategyExtended``: the machinery shared by the mirrored family of strategies.
+
+One class serves OneDevice, Mirrored and MultiWorkerMirrored (and the default
+strategy): a worker owns ``k`` local devices, there are ``W`` workers joined
+by a collectives engine, and ``num_replicas_in_sync = k * W``. The global id
+of local replica ``i`` on worker ``w`` is ``w * k + i``.
+
+Reductions go in two stages: the cross-device ops reduce the ``k`` local
+values on one device, then (with ``W > 1``) the collectives engine reduces
+across workers, in one batched call for all tensors of a step. ``MEAN`` sums
+and divides by ``k * W`` at the end.
+
+Example:
+    >>> import hpcdist as hd
+    >>> s = hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> s.extended.worker_devices
+    ('/job:localhost/replica:0/task:0/device:CPU:0', '/job:localhost/replica:0/task:0/device:CPU:1')
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from hpcdist.arrays import array_module, as_result, asarray, is_array, to_device
+from hpcdist.collectives.ops import ReduceOp, divide_mean
+from hpcdist.distribute import context, nest
+from hpcdist.distribute.cross_device_ops import (
+    CrossDeviceOps,
+    default_cross_device_ops,
+    destination_devices,
+    place,
+)
+from hpcdist.distribute.devices import Device
+from hpcdist.distribute.replica_context import ReplicaContext
+from hpcdist.distribute.replica_threads import Runner
+from hpcdist.distribute.strategy import ValueContext, require_cross_replica
+from hpcdist.distribute.values import (
+    DistributedValues,
+    Mirrored,
+    PerReplica,
+    regroup,
+    select_replica,
+)
+
+
+class StrategyExtended:
+    """The lower-level API of a strategy (``tf.distribute.StrategyExtended``).
+
+    Example: ``strategy.extended.reduce_to("SUM", per_replica, destinations=var)``.
+    """
+
+    _strategy: Any  # set by Strategy.__init__
+
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        *,
+        worker_index: int = 0,
+        num_workers: int = 1,
+        collectives: Any = None,
+        cross_device_ops: CrossDeviceOps | None = None,
+        distributed_variables: bool = True,
+        between_graph: bool = False,
+    ) -> None:
+        if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
+            raise TypeError(
+                f"cross_device_ops must be a CrossDeviceOps (e.g. hd.ReductionToOneDevice()), "
+                f"got {cross_device_ops!r}"
+            )
+        self._devices = tuple(devices)
+        self._num_local_replicas = len(self._devices)
+        self._worker_index = worker_index
+        self._num_workers = num_workers
+        self._num_replicas_in_sync = self._num_local_replicas * num_workers
+        self._collectives = collectives
+        self._cross_device_ops = cross_device_ops or default_cross_device_ops(self._devices)
+        self._distributed_variables = distributed_variables
+        self._between_graph = between_graph
+        self._variable_device: Device | None = self._devices[0]
+        self._runner = Runner(self)
+        self._default_ctx: ReplicaContext | None = None
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """The devices of this worker's replicas, as full device names."""
+        return tuple(d.name for d in self._devices)
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """The devices that hold variables (every replica's device: variables are mirrored)."""
+        return self.worker_devices
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        """Whether each worker runs its own copy of the program (multi-worker strategies)."""
+        return self._between_graph
+
+    @property
+    def experimental_require_static_shapes(self) -> bool:
+        """Whether input shapes must be static (never here: NumPy shapes are always known)."""
+        return False
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether this worker writes checkpoints (worker 0, the chief)."""
+        return self._worker_index == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        """Whether this worker writes summaries (worker 0, the chief)."""
+        return self._worker_index == 0
+
+    @property
+    def experimental_should_init(self) -> bool:
+        """Whether this worker initialises variables (every worker does)."""
+        return True
+
+    should_init = experimental_should_init
+
+    # -- replica contexts and running ---------------------------------------------------
+    def _default_replica_context(self) -> ReplicaContext:
+        if self._default_ctx is None:
+            self._default_ctx = ReplicaContext(self._strategy, 0, 0, self.worker_devices[:1])
+        return self._default_ctx
+
+    def _make_replica_context(self, local_id: int, merger: Callable | None) -> ReplicaContext:
+        replica_id = self._worker_index * self._num_local_replicas + local_id
+        device = (self._devices[local_id].name,)
+        return ReplicaContext(self._strategy, replica_id, local_id, device, merger)
+
+    @contextlib.contextmanager
+    def _device_scope(self, local_id: int) -> Iterator[None]:
+        device = self._devices[local_id]
+        if device.device_type != "GPU":
+            yield
+            return
+        import cupy
+
+        with cupy.cuda.Device(device.index):
+            yield
+
+    def call_for_each_replica(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
+        """Run ``fn`` on every local replica (what ``strategy.run`` does after its checks)."""
+        kwargs = kwargs or {}
+        if self._num_local_replicas > 1:
+            return self._runner.run(fn, args, kwargs)
+        with self._make_replica_context(0, None), self._device_scope(0):
+            return fn(*select_replica(0, args), **select_replica(0, kwargs))
+
+    def _distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> PerReplica:
+        values = []
+        for i, device in enumerate(self._devices):
+            ctx = ValueContext(
+                self._worker_index * self._num_local_replicas + i, self._num_replicas_in_sync
+            )
+            value = value_fn(ctx)
+            if device.device_type == "GPU":
+                value = nest.map_structure(
+                    lambda x, d=device: (
+                        to_device(x, "GPU", d.index, copy=False) if is_array(x) else x
+                    ),
+                    value,
+                )
+            values.append(value)
+        if len(values) == 1:
+            return values[0]
+        return regroup(values, always_wrap=True)
+
+    # -- reductions ---------------------------------------------------------------------
+    def _components(self, value: Any, op: ReduceOp) -> list[Any] | Any:
+        """The local values to reduce, or the finished result when no reduction is needed."""
+        from hpcdist.distribute.variables import DistributedVariable, SyncOnReadVariable, Variable
+
+        k = self._num_local_replicas
+        if isinstance(value, SyncOnReadVariable):
+            return [asarray(c._read()) for c in value.values]
+        mirrored = isinstance(value, (Mirrored, DistributedVariable))
+        if isinstance(value, (DistributedValues, DistributedVariable)):
+            comps = list(value.values)
+            if len(comps) != k:
+                raise ValueError(
+                    f"the distributed value has {len(comps)} components but this strategy has "
+                    f"{k} local replicas: it was made by another strategy"
+                )
+            comps = [asarray(c._read() if isinstance(c, Variable) else c) for c in comps]
+            if not mirrored:
+                return comps
+            if op is not ReduceOp.SUM:
+                return comps[0]  # the same everywhere: MEAN, MIN, MAX of it is itself
+            if self._num_replicas_in_sync == 1:
+                return comps[0]
+            raise ValueError(
+                f"a mirrored value ({type(value).__name__}) cannot be SUM-reduced: it is the "
+                f"same on all {self._num_replicas_in_sync} replicas, so the sum is not "
+                "meaningful; reduce the per-replica values (the output of run) instead"
+            )
+        if isinstance(value, Variable):
+            value = value._read()
+        value = asarray(value)
+        if k == 1:
+            return [value]
+        if op is not ReduceOp.SUM:
+            return [value] * k if self._num_workers > 1 else value
+        xp = array_module(value)
+        if self._num_workers == 1 and not bool(xp.any(value != 0)):
+            return xp.zeros_like(value)  # a sum of zeros is zero however many replicas
+        raise ValueError(
+            f"a value that is not distributed cannot be SUM-reduced over {k} local replicas: "
+            f"got {type(value).__name__} {value!r}. Reduce the PerReplica output of "
+            "strategy.run (or use MEAN for a value that is the same on every replica)"
+        )
+
+    def _reduce_leaves(self, op: ReduceOp, leaves: Sequence[Any], options: Any = None) -> list[Any]:
+        """Reduce each leaf over all replicas; results on the first local device."""
+        device = self._devices[0]
+        local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        results: list[Any] = []
+        pending: list[int] = []
+        for leaf in leaves:
+            comps = self._components(leaf, op)
+            if isinstance(comps, list):
+                pending.append(len(results))
+                results.append(self._cross_device_ops.reduce_local(local_op, comps, device))
+            else:
+                results.append(to_device(comps, device.device_type, device.index))
+        if pending and self._num_workers > 1:
+            reduced = self._collectives.allreduce([results[i] for i in pending], local_op, options)
+            for i, r in zip(pending, reduced, strict=True):
+                results[i] = r
+        if op is ReduceOp.MEAN:
+            for i in pending:
+                results[i] = divide_mean(results[i], self._num_replicas_in_sync)
+        return results
+
+    def _reduce_to_host(self, op: ReduceOp, value: Any) -> Any:
+        leaves = nest.flatten(value)
+        return nest.pack_sequence_as(value, self._reduce_leaves(op, leaves))
+
+    def _all_reduce_leaves(self, op: ReduceOp, leaves: list[Any], options: Any) -> list[Any]:
+        return [place(r, self._devices) for r in self._reduce_leaves(op, leaves, options)]
+
+    def reduce_to(
+        self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None
+    ):
+        """Reduce ``value`` over all replicas and copy it to ``destinations``.
+
+        Example: ``extended.reduce_to("SUM", per_replica_grad, destinations=var)`` gives a
+        ``Mirrored`` with one copy per device of ``var``.
+        """
+        require_cross_replica(self._strategy, "extended.reduce_to")
+        op = ReduceOp.from_any(reduce_op)
+        dests = destination_devices(destinations, self._devices)
+        return place(self._reduce_leaves(op, [value], options)[0], dests)
+
+    def batch_reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple],
+        options: Any = None,
+    ) -> list[Any]:
+        """:meth:`reduce_to` for many ``(value, destinations)`` pairs, in one batched collective.
+
+        Example: ``extended.batch_reduce_to("MEAN", [(g1, v1), (g2, v2)])``.
+        """
+        require_cross_replica(self._strategy, "extended.batch_reduce_to")
+        op = ReduceOp.from_any(reduce_op)
+        pairs = list(value_destination_pairs)
+        if not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
+            raise ValueError(
+                "value_destination_pairs must be a list of (value, destinations) pairs"
+            )
+        reduced = self._reduce_leaves(op, [v for v, _ in pairs], options)
+        return [
+            place(r, destination_devices(d, self._devices))
+            for r, (_, d) in zip(reduced, pairs, strict=True)
+        ]
+
+    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        """A copy of ``tensor`` on each device of ``destinations`` (this worker's devices).
+
+        Example: ``extended.broadcast_to(np.zeros(3), destinations=var)``.
+        """
+        require_cross_replica(self._strategy, "extended.broadcast_to")
+        return place(asarray(tensor), destination_devices(destinations, self._devices))
+
+    # -- gathering ----------------------------------------------------------------------------
+    def _gather_components(self, value: Any) -> list[Any]:
+        from hpcdist.distribute.variables import DistributedVariable, Variable
+
+        if isinstance(value, (DistributedValues, DistributedVariable)):
+            comps = list(value.values)
+        else:
+            comps = [value]  # a plain value is this worker's contribution (as TF)
+        comps = [asarray(c._read() if isinstance(c, Variable) else c) for c in comps]
+        for c in comps:
+            if c.ndim == 0:
+                raise ValueError(
+                    "gather needs values of rank >= 1 to concatenate, got a scalar; reshape "
+                    "each replica's value to shape (1,) first, or use reduce"
+                )
+        return comps
+
+    def _gather_leaf(self, value: Any, axis: int, options: Any = None) -> Any:
+        device = self._devices[0]
+        comps = [
+            to_device(c, device.device_type, device.index, copy=False)
+            for c in self._gather_components(value)
+        ]
+        ndim = comps[0].ndim
+        if not -ndim <= axis < ndim:
+            raise ValueError(f"axis {axis} is out of range for values of rank {ndim}")
+        xp = array_module(comps[0])
+        try:
+            local = xp.concatenate(comps, axis=axis)
+        except ValueError as error:
+            shapes = [tuple(c.shape) for c in comps]
+            raise ValueError(
+                f"cannot gather values of shapes {shapes} along axis {axis}: all dimensions "
+                "but the gather axis must agree"
+            ) from error
+        if self._num_workers > 1:
+            local = self._collectives.allgather(local, axis=axis, options=options)
+        return local
+
+    def _gather_to_host(self, value: Any, axis: int) -> Any:
+        return nest.map_structure(lambda v: as_result(self._gather_leaf(v, axis)), value)
+
+    def _all_gather_leaves(self, leaves: list[Any], axis: int, options: Any) -> list[Any]:
+        return [place(self._gather_leaf(v, axis, options), self._devices) for v in leaves]
+
+    # -- variables ----------------------------------------------------------------------------
+    def update(
+        self, var: Any, fn: Callable, args: tuple = (), kwargs: dict | None = None, group=True
+    ):
+        """Run ``fn(component, *args, **kwargs)`` on each component of ``var``.
+
+        A ``PerReplica`` argument gives each component its own value. In a
+        replica context this is a merge call. Returns ``var`` when ``fn``
+        returns the component it updated, else the grouped results.
+
+        Example: ``extended.update(v, lambda var, x: var.assign_add(x), args=(1.0,))``.
+        """
+        from hpcdist.distribute.variables import DistributedVariable
+
+        kwargs = kwargs or {}
+        ctx = context.get_replica_context()
+        if (
+            ctx is not None
+            and ctx.strategy is self._strategy
+            and self._strategy is not (context.default_strategy())
+        ):
+            return ctx._merge(
+                lambda s, *a, **kw: s.extended.update(var, fn, a, kw, group), args, kwargs, False
+            )
+        require_cross_replica(self._strategy, "extended.update")
+        if not isinstance(var, DistributedVariable):
+            return fn(var, *args, **kwargs)
+        results = []
+        for i, component in enumerate(var.values):
+            with self._device_scope(i):
+                results.append(fn(component, *select_replica(i, args), **select_replica(i, kwargs)))
+        if all(r is c for r, c in zip(results, var.values, strict=True)):
+            return var
+        if not group:
+            return tuple(results)
+        return regroup(results, Mirrored)
+
+    @contextlib.contextmanager
+    def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
+        """Place variables created inside on the devices of ``colocate_with_variable``.
+
+        Every variable of these strategies is on all replica devices already,
+        so this only checks its argument.
+
+        Example: ``with strategy.extended.colocate_vars_with(v): slot = hd.Variable(0.0)``.
+        """
+        from hpcdist.distribute.variables import Variable
+
+        if not isinstance(colocate_with_variable, Variable):
+            raise TypeError(
+                f"colocate_vars_with needs a variable, got {type(colocate_with_variable).__name__}"
+            )
+        yield
+
+    def variable_created_in_scope(self, v: Any) -> bool:
+        """Whether ``v`` was created in this strategy's scope.
+
+        Example: ``strategy.extended.variable_created_in_scope(v)``.
+        """
+        return getattr(v, "_distribute_strategy", None) is self._strategy
+
+    def value_container(self, value: Any) -> Any:
+        """The distributed variable that owns the component ``value``, else ``value``.
+
+        Example: ``extended.value_container(v.values[0]) is v``.
+        """
+        container = getattr(value, "_container", None)
+        return value if container is None else container
+
+    def read_var(self, v: Any) -> Any:
+        """The value of ``v`` in the cross-replica context (aggregated for sync-on-read)."""
+        return v.read_value()
+
+    def _create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
+        """The variable this strategy makes for ``hd.Variable(...)`` in its scope."""
+        from hpcdist.distribute import variables as vs
+
+        value = vs.initial_array(initial_value, dtype, shape)
+        if not self._distributed_variables:
+            device = self._variable_device
+            if device is None:
+                value = array_module(value).array(value, copy=True)
+            else:
+                value = to_device(value, device.device_type, device.index)
+            return vs.Variable._make(value, device=device, strategy=self._owner(), **spec)
+        if spec["synchronization"] is vs.VariableSynchronization.NONE:
+            raise ValueError(
+                f"synchronization NONE is not supported for variables of a distribution "
+                f"strategy (variable {spec['name']!r}): use AUTO/ON_WRITE (kept in sync on "
+                "write) or ON_READ (combined when read)"
+            )
+        if spec["aggregation"] is vs.VariableAggregation.MEAN and not _is_float(value):
+            raise ValueError(
+                f"a distributed variable with aggregation MEAN must have a floating dtype; "
+                f"variable {spec['name']!r} is {value.dtype}. Use a float initial value or "
+                "another aggregation (SUM, ONLY_FIRST_REPLICA)"
+            )
+        value = self._broadcast_initial_value(value)
+        components = tuple(
+            vs.Variable._make(
+                to_device(value, d.device_type, d.index),
+                device=d,
+                strategy=self._strategy,
+                **{**spec, "name": spec["name"] if i == 0 else f"{spec['name']}/replica_{i}"},
+            )
+            for i, d in enumerate(self._devices)
+        )
+        on_read = spec["synchronization"] is vs.VariableSynchronization.ON_READ
+        kind = vs.SyncOnReadVariable if on_read else vs.MirroredVariable
+        return kind(self._strategy, components, **spec)
+
+    def _owner(self) -> Any:
+        """The strategy recorded on plain variables made in scope (``None`` for the default)."""
+        return self._strategy
+
+    def _broadcast_initial_value(self, value: Any) -> Any:
+        """Worker 0's ``value`` on every worker (collective when there are several)."""
+        if self._num_workers > 1:
+            return self._collectives.broadcast([value], root=0)[0]
+        return value
+
+
+def _is_float(x: Any) -> bool:
+    return bool(array_module(x).issubdtype(x.dtype, array_module(x).floating))

@@ -1,0 +1,172 @@
+"""``MultiWorkerMirroredStrategy``: synchronous training over all MPI ranks.
+
+Every MPI rank is a worker; its replicas are its GPUs (bound by
+:meth:`hpcdist.runtime.World.gpu_binding`) or the CPU, or the devices given
+with the hpcdist keyword ``devices`` (e.g. two logical CPU devices per rank).
+The cluster comes from :func:`hpcdist.cluster.detect.resolve` (TF_CONFIG,
+SLURM, MPI launchers) and must describe exactly the ranks of the MPI job.
+Replica ``i`` of the worker with id ``w`` (chief 0, then workers) is replica
+``w * k + i`` of ``num_replicas_in_sync = k * W``.
+
+Constructing the strategy is collective: every rank must construct it.
+
+Example:
+    >>> import hpcdist as hd
+    >>> s = hd.MultiWorkerMirroredStrategy()  # a plain python run: one worker
+    >>> s.num_replicas_in_sync, s.extended.experimental_between_graph
+    (1, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hpcdist.cluster.base import ClusterResolver
+from hpcdist.cluster.roles import id_in_cluster, worker_count
+from hpcdist.collectives import CommunicationImplementation, CommunicationOptions
+from hpcdist.collectives.engine import Collectives
+from hpcdist.distribute.devices import Device, canonical_devices, check_devices_exist
+from hpcdist.distribute.extended import StrategyExtended
+from hpcdist.distribute.strategy import Strategy
+from hpcdist.errors import ClusterConfigError
+
+
+def _options(communication_options: Any, communication: Any) -> CommunicationOptions:
+    if communication_options is None:
+        communication_options = CommunicationOptions()
+    if not isinstance(communication_options, CommunicationOptions):
+        raise TypeError(
+            "communication_options must be a hpcdist.experimental.CommunicationOptions, got "
+            f"{type(communication_options).__name__}"
+        )
+    if communication is not None:
+        implementation = CommunicationImplementation.from_any(communication)
+        communication_options = communication_options.merge(
+            CommunicationOptions(implementation=implementation)
+        )
+    return communication_options
+
+
+def _worker_id(resolver: ClusterResolver) -> tuple[int, int, str, int]:
+    """``(workers, this worker's id, job, task)`` from the resolver's cluster and task."""
+    spec = resolver.cluster_spec()
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if not spec.jobs:
+        return 1, 0, task_type or "worker", task_id or 0
+    return (
+        worker_count(spec, task_type),
+        id_in_cluster(spec, task_type, task_id),
+        task_type or "worker",
+        int(task_id or 0),
+    )
+
+
+def _agree(comm: Any, resolver: ClusterResolver, num_local: int) -> tuple[int, str, int]:
+    """Check on every rank that the cluster matches the MPI job; collective.
+
+    Returns this rank's worker id, job and task. Every rank raises the same
+    error when any rank's view disagrees, so none is left waiting.
+    """
+    try:
+        mine: tuple[Any, ...] = (*_worker_id(resolver), num_local, None)
+    except Exception as error:  # reported collectively below
+        mine = (None, None, None, None, num_local, f"{type(error).__name__}: {error}")
+    views = comm.allgather(mine)
+    size = comm.Get_size()
+    problems = [f"rank {r}: {v[5]}" for r, v in enumerate(views) if v[5]]
+    if not problems:
+        counts = {v[0] for v in views}
+        ids = sorted(v[1] for v in views)
+        if counts != {size}:
+            problems.append(
+                f"the cluster has {sorted(counts)} chief+worker tasks but the MPI job has "
+                f"{size} ranks; every rank must be one worker"
+            )
+        elif ids != list(range(size)):
+            problems.append(f"worker ids {[v[1] for v in views]} (by rank) are not 0..{size - 1}")
+        locals_ = {v[4] for v in views}
+        if len(locals_) > 1:
+            problems.append(
+                f"ranks have different numbers of local replicas {[v[4] for v in views]}; "
+                "every worker needs the same number of devices"
+            )
+    if problems:
+        raise ClusterConfigError(
+            "MultiWorkerMirroredStrategy: the cluster does not match the MPI job: "
+            + "; ".join(problems)
+        )
+    _, worker, job, task = mine[:4]
+    return worker, job, task
+
+
+class MultiWorkerMirroredStrategy(Strategy):
+    """Synchronous replicas on every MPI rank (``tf.distribute.MultiWorkerMirroredStrategy``).
+
+    ``communication_options`` (a :class:`CommunicationOptions`) tunes the
+    collectives; the old TF argument ``communication`` sets its
+    implementation. ``devices`` (an hpcdist addition, like TF's test-only
+    ``_from_local_devices``) gives each rank's local devices, e.g.
+    ``["/cpu:0", "/cpu:1"]`` for two replicas per rank on CPUs.
+
+    Example: ``strategy = hd.MultiWorkerMirroredStrategy()`` under ``mpirun -n 4``.
+    """
+
+    def __init__(
+        self,
+        cluster_resolver: ClusterResolver | None = None,
+        communication_options: CommunicationOptions | None = None,
+        *,
+        communication: Any = None,
+        devices: Sequence[str | Device] | None = None,
+    ) -> None:
+        from hpcdist.cluster.detect import resolve
+        from hpcdist.runtime import world
+
+        options = _options(communication_options, communication)
+        w = world()
+        resolver = resolve() if cluster_resolver is None else cluster_resolver
+        local = self._local_devices(w, devices)
+        worker, job, task = _agree(w.comm, resolver, len(local))
+        comm = w.comm if worker == w.rank else w.comm.Split(0, key=worker)
+        if options.implementation is CommunicationImplementation.NCCL and any(
+            d.device_type != "GPU" for d in local
+        ):
+            raise ValueError(
+                "communication implementation NCCL needs GPU devices, but this worker's "
+                f"devices are {[d.short for d in local]}; use AUTO or RING on CPUs"
+            )
+        local = canonical_devices(
+            [Device(None, None, None, d.device_type, d.index) for d in local], job=job, task=task
+        )
+        extended = StrategyExtended(
+            local,
+            worker_index=worker,
+            num_workers=w.size,
+            collectives=Collectives(comm, options),
+            between_graph=True,
+        )
+        extended._cluster_resolver = resolver
+        extended._communication_options = options
+        super().__init__(extended)
+
+    @classmethod
+    def _from_local_devices(cls, devices: Sequence[str | Device], communication_options=None):
+        """TF's test helper: the strategy with these local devices on every worker."""
+        return cls(communication_options=communication_options, devices=devices)
+
+    @staticmethod
+    def _local_devices(w: Any, devices: Sequence[str | Device] | None) -> tuple[Device, ...]:
+        if devices is not None:
+            return check_devices_exist(canonical_devices(devices))
+        binding = w.gpu_binding()
+        if binding.ordinals:
+            return tuple(Device("localhost", 0, 0, "GPU", i) for i in binding.ordinals)
+        return (Device("localhost", 0, 0, "CPU", 0),)
+
+    def __repr__(self) -> str:
+        ext = self._extended
+        return (
+            f"<MultiWorkerMirroredStrategy worker={ext._worker_index}/{ext._num_workers} "
+            f"local_devices=[{', '.join(d.short for d in ext._devices)}]>"
+        )

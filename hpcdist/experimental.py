@@ -1,0 +1,21 @@
+"""``hpcdist.experimental``: the names TF keeps under ``tf.distribute.experimental``.
+
+Example:
+    >>> import hpcdist as hd
+    >>> hd.experimental.CommunicationOptions(bytes_per_pack=1 << 20).bytes_per_pack
+    1048576
+"""
+
+from hpcdist.collectives.options import (
+    CollectiveCommunication,
+    CommunicationImplementation,
+    CommunicationOptions,
+)
+from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
+
+__all__ = [
+    "CollectiveCommunication",
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "MultiWorkerMirroredStrategy",
+]
