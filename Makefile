@@ -41,10 +41,10 @@ demo: install
 	$(MPIRUN) -n 2 $(VENV)/bin/hpcdist info
 
 lint: install
-	$(VENV)/bin/ruff check hpcdist tests benchmarks
+	$(VENV)/bin/ruff check hpcdist tests benchmarks examples
 
 unit: install
-	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules hpcdist tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules hpcdist tests/unit tests/conformance
 
 mpi-test: install
 	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 2 $(MPI_PYTEST)

@@ -59,6 +59,7 @@ class _Group(NamedTuple):
 
     comm_dtype: np.dtype  # dtype the reduction runs in
     wire_dtype: np.dtype  # dtype of the reduced buffer (float16 for float16 inputs)
+    result_dtype: np.dtype  # the inputs' dtype, or divide_mean's for MEAN
     members: tuple[tuple[int, int, int], ...]  # (tensor index, offset, elements)
     total: int
 
@@ -124,6 +125,13 @@ def _reduce_dtypes(dtype: np.dtype, op: ReduceOp) -> tuple[np.dtype, np.dtype]:
     )
 
 
+def _result_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
+    """The inputs' dtype; for MEAN whatever :func:`divide_mean` gives (float64 for integers)."""
+    if op is ReduceOp.MEAN:
+        return divide_mean(np.zeros(0, dtype), 1).dtype
+    return dtype
+
+
 def _chunks(total: int, itemsize: int, bytes_per_pack: int) -> Iterator[tuple[int, int]]:
     """``[lo, hi)`` element ranges of at most ``bytes_per_pack`` bytes (0: one range)."""
     step = total if bytes_per_pack <= 0 else max(1, bytes_per_pack // itemsize)
@@ -155,7 +163,8 @@ class Collectives:
             call are merged over them.
 
     Results are always new arrays (never the inputs), with the inputs' shapes
-    and dtypes, on the inputs' device kind; every rank gets bitwise the same
+    and dtypes (MEAN of integers: :func:`~hpcdist.collectives.ops.divide_mean`'s
+    dtype), on the inputs' device kind; every rank gets bitwise the same
     values. With a timeout (``options.timeout_seconds``) the engine uses
     nonblocking MPI calls and raises :class:`~hpcdist.errors.CollectiveTimeoutError`
     when a call is not done in time; MPI cannot cancel a collective, so the
@@ -236,10 +245,11 @@ class Collectives:
     ) -> list[Any]:
         """Reduce each array element-wise across ranks; every rank gets the result.
 
-        ``op`` is SUM, MEAN (the sum divided by :attr:`size`; integers
-        truncate toward zero), MIN or MAX. Supported dtypes: bool (MIN, MAX),
-        signed and unsigned integers, float16/32/64, complex64/128 (SUM, MEAN).
-        MIN and MAX of NaNs follow the MPI library's comparisons.
+        ``op`` is SUM, MEAN (the sum divided by :attr:`size` with
+        :func:`~hpcdist.collectives.ops.divide_mean`: floats keep their dtype,
+        integers give its dtype, float64), MIN or MAX. Supported dtypes: bool
+        (MIN, MAX), signed and unsigned integers, float16/32/64, complex64/128
+        (SUM, MEAN). MIN and MAX of NaNs follow the MPI library's comparisons.
 
         Example: ``c.allreduce([grad_w, grad_b], "MEAN")`` gives the averaged gradients.
         """
@@ -252,6 +262,8 @@ class Collectives:
         layout = self._layout(key, lambda: self._reduce_layout(items, op, opts))
         if self._size == 1:
             results = [np.array(a, copy=True) for a in items]
+            if op is ReduceOp.MEAN:
+                results = [divide_mean(r, 1) for r in results]
         else:
             what = f"allreduce(op={op.name}) of {describe_arrays(items)}"
             plan = self._allreduce_plan(items, op, layout, opts)
@@ -393,7 +405,9 @@ class Collectives:
             members.setdefault(a.dtype, []).append((index, offset, a.size))
             totals[a.dtype] = offset + a.size
         groups = tuple(
-            _Group(*_reduce_dtypes(dtype, op), tuple(found), totals[dtype])
+            _Group(
+                *_reduce_dtypes(dtype, op), _result_dtype(dtype, op), tuple(found), totals[dtype]
+            )
             for dtype, found in members.items()
         )
         text = (
@@ -472,9 +486,9 @@ class Collectives:
                     wire = out[lo:hi].view(np.uint16) if narrow else out[lo:hi]
                     yield Call("Bcast", (wire, 0))
             for index, offset, n in group.members:
-                item = items[index]
-                result = out[offset : offset + n].reshape(item.shape)
-                results[index] = result if result.dtype == item.dtype else result.astype(item.dtype)
+                result = out[offset : offset + n].reshape(items[index].shape)
+                wanted = group.result_dtype
+                results[index] = result if result.dtype == wanted else result.astype(wanted)
         return results
 
     def _allgather_plan(self, moved: np.ndarray, layout: _Layout) -> Plan:

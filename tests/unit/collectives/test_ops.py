@@ -23,14 +23,17 @@ def _exact(value, dtype):
     return Fraction(int(value)) if np.dtype(dtype).kind in "iu" else Fraction(float(value))
 
 
-def _rounded(q: Fraction, dtype) -> np.generic:
-    """``q`` rounded to ``dtype``: ints truncate toward zero, floats round to nearest."""
+def _mean_dtype(dtype) -> np.dtype:
+    """MEAN keeps a float dtype and gives float64 for integers (TF's MEAN)."""
     dtype = np.dtype(dtype)
-    if dtype.kind in "iu":
-        return dtype.type(int(q))  # int() of a Fraction truncates toward zero
+    return np.dtype(np.float64) if dtype.kind in "iu" else dtype
+
+
+def _rounded(q: Fraction, dtype) -> np.generic:
+    """``q`` rounded to nearest in the dtype MEAN gives for ``dtype`` inputs."""
     # num / den is correctly rounded to float64, and a second rounding of a quotient of
     # two float32 (or float16) numbers to float32 (float16) is exact (innocuous).
-    return dtype.type(q.numerator / q.denominator)
+    return _mean_dtype(dtype).type(q.numerator / q.denominator)
 
 
 @st.composite
@@ -55,7 +58,8 @@ def test_reduce_arrays_matches_exact_reference(case, op):
     dtype, shape, arrays = case
     before = [a.copy() for a in arrays]
     out = reduce_arrays(arrays, op)
-    assert out.dtype == np.dtype(dtype) and out.shape == shape
+    wanted = _mean_dtype(dtype) if op is ReduceOp.MEAN else np.dtype(dtype)
+    assert out.dtype == wanted and out.shape == shape
     assert all(not np.shares_memory(out, a) for a in arrays)
     for a, b in zip(arrays, before, strict=True):
         np.testing.assert_array_equal(a, b)  # the inputs are untouched
@@ -87,6 +91,7 @@ def test_reduce_arrays_of_booleans_is_all_and_any(case, op):
 def test_mean_with_explicit_count(case, count):
     dtype, shape, arrays = case
     out = reduce_arrays(arrays, "mean", count=count)
+    assert out.dtype == _mean_dtype(dtype)
     for index in np.ndindex(shape):
         total = sum(_exact(a[index], dtype) for a in arrays)
         assert out[index] == _rounded(total / count, dtype)
@@ -99,15 +104,19 @@ def test_mean_with_explicit_count(case, count):
     st.integers(1, 1000),
     st.data(),
 )
-def test_divide_mean_truncates_integers_toward_zero(dtype, shape, count, data):
+def test_divide_mean_of_integers_is_the_nearest_float64(dtype, shape, count, data):
     info = np.iinfo(dtype)
-    total = data.draw(hnp.arrays(dtype, shape, elements=st.integers(info.min + 1, info.max)))
+    total = data.draw(hnp.arrays(dtype, shape, elements=st.integers(info.min, info.max)))
     out = divide_mean(total, count)
-    assert out.dtype == np.dtype(dtype) and out.shape == total.shape
+    assert out.dtype == np.float64 and out.shape == total.shape
     for index in np.ndindex(total.shape):
+        # int / int in Python is correctly rounded; numpy converts the total to float64
+        # first, which is exact for int32 and for the int64 values that fit 53 bits.
         value = int(total[index])
-        expected = abs(value) // count * (1 if value >= 0 else -1)
-        assert int(out[index]) == expected
+        if abs(value) < 2**53:
+            assert out[index] == value / count
+        else:
+            assert out[index] == float(value) / count
 
 
 @SETTINGS
@@ -124,7 +133,7 @@ def test_divide_mean_rounds_floats_to_nearest(dtype, shape, count, data):
     assert out.dtype == np.dtype(dtype) and out.shape == total.shape
     for index in np.ndindex(total.shape):
         expected = _rounded(Fraction(float(total[index])) / count, dtype)
-        assert out[index] == expected or (out[index] == 0 and expected == 0)
+        assert out[index] == expected
 
 
 def test_mean_of_booleans_and_bad_input_raise():
@@ -138,6 +147,7 @@ def test_mean_of_booleans_and_bad_input_raise():
         reduce_arrays([np.zeros(2)], "avg")
 
 
-def test_integer_mean_of_negative_values_truncates():
+def test_integer_mean_is_a_float64_mean():
     out = reduce_arrays([np.array([-7, 7, -1], np.int64), np.array([0, 0, 0], np.int64)], "MEAN")
-    np.testing.assert_array_equal(out, [-3, 3, 0])
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, [-3.5, 3.5, -0.5])

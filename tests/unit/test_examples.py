@@ -1,0 +1,40 @@
+"""The examples run as their docs say (real mpirun, 2 ranks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIRUN = Path(sys.executable).parent / "mpirun"
+
+
+def _mpirun(*args: str, n: int = 2, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM", "PMIX_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return subprocess.run(
+        [str(MPIRUN), "--oversubscribe", "-n", str(n), sys.executable, *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_strategies_tour_under_mpirun_2():
+    done = _mpirun("examples/strategies_tour.py")
+    assert done.returncode == 0, done.stderr
+    lines = {line[:48].strip(): line[49:] for line in done.stdout.splitlines() if line[:1] != " "}
+    assert lines["num_replicas_in_sync"] == "4"
+    # Batches of 4, 2, 4, 2 elements: the mean divides by 12, not by 4 replicas.
+    assert lines["reduce(MEAN, batch, axis=0) exact mean"] == "np.float64(14.5)"
+    assert lines["reduce(SUM, batch, axis=0)"] == "np.float64(174.0)"
+    assert lines["merge_call(reduce SUM of 1.0)"] == "np.float64(4.0)"
+    assert (
+        "ValueError: You must specify an aggregation"
+        in lines["replica-context assign with aggregation NONE"]
+    )
+    assert done.stdout.count("num_replicas_in_sync") == 1  # only the chief prints
