@@ -263,7 +263,7 @@ class Collectives:
         if self._size == 1:
             results = [np.array(a, copy=True) for a in items]
             if op is ReduceOp.MEAN:
-                results = [divide_mean(r, 1) for r in results]
+                results = [np.asarray(divide_mean(r, 1)) for r in results]
         else:
             what = f"allreduce(op={op.name}) of {describe_arrays(items)}"
             plan = self._allreduce_plan(items, op, layout, opts)

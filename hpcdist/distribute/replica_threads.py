@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -35,14 +36,21 @@ class _Stopped(BaseException):
     """Raised inside a replica thread to unwind it after another replica failed."""
 
 
-class _ReplicaThread(threading.Thread):
-    def __init__(self, runner: Runner, local_id: int, fn: Callable, args: tuple, kwargs: dict):
-        super().__init__(name=f"hpcdist-replica-{local_id}", daemon=True)
-        self.runner = runner
+class _Replica:
+    """One replica's thread: kept alive between ``run`` calls, waiting for the next job."""
+
+    def __init__(self, local_id: int) -> None:
         self.local_id = local_id
-        self.fn, self.args, self.kwargs = fn, args, kwargs
         self.should_run = threading.Event()
         self.has_paused = threading.Event()
+        self.job: tuple[Any, Callable, tuple, dict] | None = None
+        self.reset()
+        self.thread = threading.Thread(
+            target=self._main, name=f"hpcdist-replica-{local_id}", daemon=True
+        )
+        self.thread.start()
+
+    def reset(self) -> None:
         self.done = False
         self.stopped = False
         self.result: Any = None
@@ -50,27 +58,34 @@ class _ReplicaThread(threading.Thread):
         self.merge: tuple[Callable, tuple, dict, bool] | None = None
         self.merge_result: Any = None
 
-    def run(self) -> None:
-        self.should_run.wait()
-        self.should_run.clear()
+    def _main(self) -> None:
+        while True:
+            self.should_run.wait()
+            self.should_run.clear()
+            if self.job is None:
+                return  # the runner was collected
+            self._run_job(*self.job)
+
+    def _run_job(self, extended: Any, fn: Callable, args: tuple, kwargs: dict) -> None:
         try:
             if self.stopped:
                 raise _Stopped()
-            ctx = self.runner.extended._make_replica_context(self.local_id, self.merge_call)
+            ctx = extended._make_replica_context(self.local_id, self.merge_call)
             context.set_thread_stack([context.Mode(ctx.strategy, None, ctx)])
-            with self.runner.extended._device_scope(self.local_id):
-                self.result = self.fn(*self.args, **self.kwargs)
+            with extended._device_scope(self.local_id):
+                self.result = fn(*args, **kwargs)
         except _Stopped:
             pass
         except BaseException as error:  # handed to the calling thread
             self.error = error
         finally:
             context.set_thread_stack([])
+            self.job = (None, None, (), {})
             self.done = True
             self.has_paused.set()
 
     def merge_call(self, merge_fn: Callable, args: tuple, kwargs: dict, wrap_all: bool) -> Any:
-        if threading.current_thread() is not self:
+        if threading.current_thread() is not self.thread:
             raise RuntimeError("merge_call must be called on the replica's own thread")
         self.merge = (merge_fn, args, kwargs, wrap_all)
         self.has_paused.set()
@@ -82,27 +97,56 @@ class _ReplicaThread(threading.Thread):
         return result
 
 
+def _shutdown(replicas: list[_Replica]) -> None:
+    for r in replicas:
+        r.job = None
+        r.should_run.set()
+
+
 class Runner:
-    """Runs ``fn`` on the local replicas of ``extended`` (see the module docstring)."""
+    """Runs ``fn`` on the local replicas of ``extended`` (see the module docstring).
+
+    The replica threads live as long as the runner. A ``run`` while another
+    is in progress (``run`` inside a merge function, or from another thread)
+    gets threads of its own for that call.
+    """
 
     def __init__(self, extended: Any) -> None:
         self.extended = extended
+        self._lock = threading.Lock()
+        self._replicas: list[_Replica] | None = None
 
     def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
-        k = self.extended._num_local_replicas
-        threads = [
-            _ReplicaThread(self, i, fn, select_replica(i, args), select_replica(i, kwargs))
-            for i in range(k)
-        ]
-        for t in threads:
-            t.start()
+        if not self._lock.acquire(blocking=False):
+            return Runner(self.extended).run(fn, args, kwargs)
         try:
-            self._loop(threads)
+            if self._replicas is None:
+                k = self.extended._num_local_replicas
+                self._replicas = [_Replica(i) for i in range(k)]
+                weakref.finalize(self, _shutdown, self._replicas)
+            return self._run(self._replicas, fn, args, kwargs)
         finally:
-            self._stop(threads)
-        return regroup([t.result for t in threads])
+            self._lock.release()
 
-    def _loop(self, threads: list[_ReplicaThread]) -> None:
+    def _run(self, replicas: list[_Replica], fn: Callable, args: tuple, kwargs: dict) -> Any:
+        for r in replicas:
+            r.reset()
+            r.job = (
+                self.extended,
+                fn,
+                select_replica(r.local_id, args),
+                select_replica(r.local_id, kwargs),
+            )
+        try:
+            self._loop(replicas)
+        finally:
+            self._stop(replicas)
+        results = [r.result for r in replicas]
+        for r in replicas:
+            r.result = None
+        return regroup(results)
+
+    def _loop(self, threads: list[_Replica]) -> None:
         for t in threads:
             t.should_run.set()
         while True:
@@ -111,7 +155,8 @@ class Runner:
                 t.has_paused.clear()
             failed = [t for t in threads if t.error is not None]
             if failed:
-                raise failed[0].error  # type: ignore[misc]
+                error, failed[0].error = failed[0].error, None
+                raise error  # type: ignore[misc]
             if all(t.done for t in threads):
                 return
             self._check_same_merge(threads)
@@ -120,7 +165,7 @@ class Runner:
                 t.should_run.set()
 
     @staticmethod
-    def _check_same_merge(threads: list[_ReplicaThread]) -> None:
+    def _check_same_merge(threads: list[_Replica]) -> None:
         finished = [t.local_id for t in threads if t.done]
         if finished:
             waiting = [t.local_id for t in threads if not t.done]
@@ -137,7 +182,7 @@ class Runner:
                 "the same order"
             )
 
-    def _do_merge(self, threads: list[_ReplicaThread]) -> None:
+    def _do_merge(self, threads: list[_Replica]) -> None:
         merge_fn, _, _, wrap_all = threads[0].merge  # type: ignore[misc]
         args = regroup([t.merge[1] for t in threads], always_wrap=wrap_all)  # type: ignore[index]
         kwargs = regroup([t.merge[2] for t in threads], always_wrap=wrap_all)  # type: ignore[index]
@@ -152,13 +197,17 @@ class Runner:
             t.merge_result = select_replica(t.local_id, result)
 
     @staticmethod
-    def _stop(threads: list[_ReplicaThread]) -> None:
+    def _stop(threads: list[_Replica]) -> None:
+        """Unwind replicas still paused in a merge call; wait until every job has ended."""
         for t in threads:
             if not t.done:
                 t.stopped = True
                 t.should_run.set()
         for t in threads:
-            t.join()
+            while not t.done:
+                t.has_paused.wait()
+                t.has_paused.clear()
+            t.has_paused.clear()
 
 
 def _merge_name(fn: Callable) -> str:

@@ -46,9 +46,7 @@ def stacks(draw, dtypes=NUMBERS):
         elements = st.booleans()
     else:
         elements = st.integers(-100, 100)
-    arrays = [
-        draw(hnp.arrays(dtype, shape, elements=elements)).astype(dtype) for _ in range(count)
-    ]
+    arrays = [draw(hnp.arrays(dtype, shape, elements=elements)).astype(dtype) for _ in range(count)]
     return dtype, shape, arrays
 
 
