@@ -265,9 +265,8 @@ class Collectives:
             if op is ReduceOp.MEAN:
                 results = [np.asarray(divide_mean(r, 1)) for r in results]
         else:
-            what = f"allreduce(op={op.name}) of {describe_arrays(items)}"
             plan = self._allreduce_plan(items, op, layout, opts)
-            results = self._run(plan, opts, what)
+            results = self._run(plan, opts, _clip(layout.text))
         return [_place(r, p) for r, p in zip(results, places, strict=True)]
 
     def allgather(
@@ -304,7 +303,7 @@ class Collectives:
         text = f"allgather(axis={axis}, {host.dtype}({dims}), {_mode(opts)})"
         layout = self._layout(("allgather", text), lambda: _Layout(text, signature_hash(text)))
         moved = np.ascontiguousarray(np.moveaxis(host, axis, 0))
-        what = f"allgather(axis={axis}) of {describe_arrays([host])}"
+        what = f"allgather(axis={axis}) of {describe_arrays([host])} on this rank"
         out = self._run(self._allgather_plan(moved, layout), opts, what)
         if axis != 0:
             out = np.ascontiguousarray(np.moveaxis(out, 0, axis))
@@ -336,8 +335,8 @@ class Collectives:
         if self._size == 1:
             results = [np.array(a, copy=True) for a in items]
         else:
-            what = f"broadcast(root={root}) of {describe_arrays(items)}"
-            results = self._run(self._broadcast_plan(items, root, layout, opts), opts, what)
+            plan = self._broadcast_plan(items, root, layout, opts)
+            results = self._run(plan, opts, _clip(layout.text))
         return [_place(r, p) for r, p in zip(results, places, strict=True)]
 
     def barrier(self, options: CommunicationOptions | None = None) -> None:
@@ -350,7 +349,7 @@ class Collectives:
             return
         text = f"barrier({_mode(opts)})"
         layout = self._layout(("barrier", text), lambda: _Layout(text, signature_hash(text)))
-        self._run(self._agree(layout), opts, "barrier")
+        self._run(self._agree(layout), opts, text)
 
     # -- internals ---------------------------------------------------------
 
@@ -389,7 +388,7 @@ class Collectives:
                 raise error
             self._pending = None
         try:
-            return drive(self._comm, plan, opts.timeout_seconds, _clip(what))
+            return drive(self._comm, plan, opts.timeout_seconds, what)
         except CollectiveTimeoutError as err:
             self._pending = err.request
             raise

@@ -145,10 +145,20 @@ class StrategyExtended:
     def call_for_each_replica(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
         """Run ``fn`` on every local replica (what ``strategy.run`` does after its checks)."""
         kwargs = kwargs or {}
+        self._check_component_counts((args, kwargs))
         if self._num_local_replicas > 1:
             return self._runner.run(fn, args, kwargs)
         with self._make_replica_context(0, None), self._device_scope(0):
             return fn(*select_replica(0, args), **select_replica(0, kwargs))
+
+    def _check_component_counts(self, structure: Any) -> None:
+        k = self._num_local_replicas
+        for leaf in nest.flatten(structure):
+            if isinstance(leaf, DistributedValues) and len(leaf.values) != k:
+                raise ValueError(
+                    f"a {type(leaf).__name__} argument has {len(leaf.values)} components but "
+                    f"this strategy has {k} local replicas: it was made by another strategy"
+                )
 
     def _distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> PerReplica:
         values = []
@@ -284,6 +294,13 @@ class StrategyExtended:
         Example: ``extended.broadcast_to(np.zeros(3), destinations=var)``.
         """
         require_cross_replica(self._strategy, "extended.broadcast_to")
+        if isinstance(tensor, DistributedValues) and not isinstance(tensor, Mirrored):
+            raise TypeError(
+                "broadcast_to copies one value to every device; got a PerReplica. Reduce it "
+                "first (reduce_to) or pick one replica's value"
+            )
+        if isinstance(tensor, Mirrored):
+            tensor = tensor.primary
         return place(asarray(tensor), destination_devices(destinations, self._devices))
 
     # -- gathering ----------------------------------------------------------------------------
@@ -353,9 +370,16 @@ class StrategyExtended:
             and self._strategy is not (context.default_strategy())
         ):
             return ctx._merge(
-                lambda s, *a, **kw: s.extended.update(var, fn, a, kw, group), args, kwargs, False
+                lambda s, *a, **kw: s.extended.update(var, fn, a, kw, group),
+                args,
+                kwargs,
+                False,
+                ("update", id(var)),
             )
         require_cross_replica(self._strategy, "extended.update")
+        if context.get_cross_replica_context() is not self._strategy:
+            with self._strategy.scope():  # fn runs in the cross-replica context, as in TF
+                return self.update(var, fn, args, kwargs, group)
         if not isinstance(var, DistributedVariable):
             return fn(var, *args, **kwargs)
         results = []

@@ -35,8 +35,8 @@ def local_devices(devices: Sequence[str | Device] | None) -> tuple[Device, ...]:
 
     Example: ``local_devices(["/gpu:0", "GPU:1"])`` gives two local GPU devices.
     """
-    if devices is None:
-        return default_devices()
+    if devices is None or (isinstance(devices, (list, tuple)) and not devices):
+        return default_devices()  # as TF: no devices means all GPUs, else the CPU
     if isinstance(devices, (str, Device)):
         raise TypeError(
             f"devices must be a list of device strings, got {devices!r}; write [{devices!r}]"

@@ -44,7 +44,7 @@ class ReplicaContext:
         replica_id_in_sync_group: int,
         local_id: int = 0,
         devices: tuple[str, ...] = (),
-        merger: Callable[[MergeFn, tuple, dict, bool], Any] | None = None,
+        merger: Callable[[MergeFn, tuple, dict, bool, Any], Any] | None = None,
     ) -> None:
         self._strategy = strategy
         self._replica_id = int(replica_id_in_sync_group)
@@ -114,7 +114,16 @@ class ReplicaContext:
         """
         return self._merge(merge_fn, args, kwargs, False)
 
-    def _merge(self, merge_fn: MergeFn, args: Any, kwargs: dict | None, wrap_all: bool) -> Any:
+    def _merge(
+        self, merge_fn: MergeFn, args: Any, kwargs: dict | None, wrap_all: bool, key: Any = None
+    ) -> Any:
+        """The rendezvous behind every merge call.
+
+        ``wrap_all`` makes every argument a ``PerReplica`` (collectives); ``key``
+        names what the replicas must agree on (the op and axis of a collective,
+        the variable of a write): replicas that pass different keys get a
+        ``RuntimeError`` instead of replica 0's arguments silently winning.
+        """
         self._check_current("merge_call")
         if not isinstance(args, (tuple, list)):
             raise TypeError(
@@ -123,7 +132,7 @@ class ReplicaContext:
             )
         kwargs = {} if kwargs is None else dict(kwargs)
         if self._merger is not None:
-            return self._merger(merge_fn, tuple(args), kwargs, wrap_all)
+            return self._merger(merge_fn, tuple(args), kwargs, wrap_all, key)
         mode = context.Mode(self._strategy, self._strategy, None)
         context.push_mode(mode)
         try:
@@ -146,7 +155,8 @@ class ReplicaContext:
         def merge(strategy: Strategy, *leaves: Any) -> list[Any]:
             return strategy.extended._all_reduce_leaves(op, list(leaves), options)
 
-        reduced = self._merge(merge, flat, None, True)
+        key = ("all_reduce", op.name, len(flat), [(x.shape, str(x.dtype)) for x in flat])
+        reduced = self._merge(merge, flat, None, True, key)
         return nest.pack_sequence_as(value, [as_result(x) for x in reduced])
 
     def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
@@ -162,5 +172,6 @@ class ReplicaContext:
         def merge(strategy: Strategy, *leaves: Any) -> list[Any]:
             return strategy.extended._all_gather_leaves(list(leaves), axis, options)
 
-        gathered = self._merge(merge, flat, None, True)
+        key = ("all_gather", axis, len(flat), [(x.ndim, str(x.dtype)) for x in flat])
+        gathered = self._merge(merge, flat, None, True, key)
         return nest.pack_sequence_as(value, list(gathered))

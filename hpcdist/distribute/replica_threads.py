@@ -55,7 +55,7 @@ class _Replica:
         self.stopped = False
         self.result: Any = None
         self.error: BaseException | None = None
-        self.merge: tuple[Callable, tuple, dict, bool] | None = None
+        self.merge: tuple[Callable, tuple, dict, bool, Any] | None = None
         self.merge_result: Any = None
 
     def _main(self) -> None:
@@ -84,10 +84,14 @@ class _Replica:
             self.done = True
             self.has_paused.set()
 
-    def merge_call(self, merge_fn: Callable, args: tuple, kwargs: dict, wrap_all: bool) -> Any:
+    def merge_call(
+        self, merge_fn: Callable, args: tuple, kwargs: dict, wrap_all: bool, key: Any = None
+    ) -> Any:
         if threading.current_thread() is not self.thread:
             raise RuntimeError("merge_call must be called on the replica's own thread")
-        self.merge = (merge_fn, args, kwargs, wrap_all)
+        if self.stopped:  # e.g. a collective in a `finally` while the run is unwinding
+            raise _Stopped()
+        self.merge = (merge_fn, args, kwargs, wrap_all, key)
         self.has_paused.set()
         self.should_run.wait()
         self.should_run.clear()
@@ -174,16 +178,19 @@ class Runner:
                 "merge_call (all_reduce, all_gather, a variable update): every replica must "
                 "make the same collective calls in the same order"
             )
-        names = {_merge_name(t.merge[0]) for t in threads}  # type: ignore[index]
-        if len(names) > 1:
+        calls = [_describe(t.merge) for t in threads]  # type: ignore[arg-type]
+        if len(set(calls)) > 1:
+            described = "; ".join(
+                f"replica {t.local_id}: {c}" for t, c in zip(threads, calls, strict=True)
+            )
             raise RuntimeError(
-                f"the local replicas called different merge functions at the same step "
-                f"({sorted(names)}): every replica must make the same collective calls in "
-                "the same order"
+                "the local replicas made different collective calls at the same step "
+                f"({described}): every replica must make the same calls (same op, axis, "
+                "shapes, variable) in the same order"
             )
 
     def _do_merge(self, threads: list[_Replica]) -> None:
-        merge_fn, _, _, wrap_all = threads[0].merge  # type: ignore[misc]
+        merge_fn, _, _, wrap_all, _ = threads[0].merge  # type: ignore[misc]
         args = regroup([t.merge[1] for t in threads], always_wrap=wrap_all)  # type: ignore[index]
         kwargs = regroup([t.merge[2] for t in threads], always_wrap=wrap_all)  # type: ignore[index]
         strategy = self.extended._strategy
@@ -208,6 +215,12 @@ class Runner:
                 t.has_paused.wait()
                 t.has_paused.clear()
             t.has_paused.clear()
+
+
+def _describe(merge: tuple) -> str:
+    """What a paused replica asked for: the key of a collective, else the merge function."""
+    merge_fn, key = merge[0], merge[4]
+    return _merge_name(merge_fn) if key is None else repr(key)
 
 
 def _merge_name(fn: Callable) -> str:

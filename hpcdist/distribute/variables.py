@@ -173,7 +173,7 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
 
     def value(self) -> Any:
         """The current value: a read-only NumPy view (CuPy arrays as they are)."""
-        x = self._read()
+        x = asarray(self._read())
         if isinstance(x, np.ndarray):
             x = x.view()
             x.flags.writeable = False
@@ -188,6 +188,8 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
         return np.array(to_host(self.value()), copy=True)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if copy:
+            return np.array(to_host(self.value()), dtype=dtype, copy=True)
         return np.asarray(to_host(self.value()), dtype=dtype)
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
@@ -258,7 +260,7 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
             new = self._value + new
         elif op == "sub":
             new = self._value - new
-        self._value = new.astype(self._value.dtype, copy=False)
+        self._value = asarray(new).astype(self._value.dtype, copy=False)
 
     def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value=True):
         """Set the value; returns the variable (``None`` with ``read_value=False``)."""
@@ -326,6 +328,17 @@ class DistributedVariable(Variable):
     def dtype(self) -> Any:
         return self.primary.dtype
 
+    @property
+    def ndim(self) -> int:
+        return self.primary.ndim
+
+    @property
+    def size(self) -> int:
+        return self.primary.size
+
+    def __len__(self) -> int:
+        return len(self.primary)
+
     def _local_id(self) -> int | None:
         """The local replica id when in a replica context of this variable's strategy.
 
@@ -381,7 +394,8 @@ class MirroredVariable(DistributedVariable):
         def merge(strategy: Any, v: Any) -> None:
             self._update_each(op, aggregate(strategy, v, agg, self))
 
-        context.get_replica_context()._merge(merge, (value,), None, True)
+        key = ("write", id(self), op)
+        context.get_replica_context()._merge(merge, (value,), None, True, key)
         return self if read_value else None
 
     def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value=True):
@@ -494,7 +508,7 @@ def create_variable(
         def merge(s: Any, v: Any) -> Variable:
             return s.extended._create_variable(local_results(v)[0], dtype, shape, spec)
 
-        return ctx._merge(merge, (initial_value,), None, False)
+        return ctx._merge(merge, (initial_value,), None, False, ("create", spec["name"]))
     return strategy.extended._create_variable(initial_value, dtype, shape, spec)
 
 

@@ -122,8 +122,7 @@ def test_allreduce_of_random_floats_is_bitwise_identical_on_every_rank(c, dtype,
         (out,) = c.allreduce([mine], op)
         _assert_bitwise_identical([out])
         everyone = [
-            np.random.default_rng([7, r, n]).standard_normal(n).astype(dtype)
-            for r in range(c.size)
+            np.random.default_rng([7, r, n]).standard_normal(n).astype(dtype) for r in range(c.size)
         ]
         wide = np.add.reduce([x.astype(np.float64) for x in everyone])
         expected = {
@@ -345,14 +344,14 @@ def test_timeout_when_a_rank_is_late_then_the_late_call_completes(c, operation):
 
     c.barrier()
     if c.rank == late:
-        time.sleep(1.0)  # skip the collective for a while, then join it
+        time.sleep(0.7)  # skip the collective for a while, then join it
         check(run(CommunicationOptions(timeout_seconds=60.0)))
     else:
         start = time.monotonic()
         with pytest.raises(CollectiveTimeoutError) as info:
             run(CommunicationOptions(timeout_seconds=0.2))
         elapsed = time.monotonic() - start
-        assert 0.2 <= elapsed < 0.9, elapsed
+        assert 0.2 <= elapsed < 0.65, elapsed
         message = str(info.value)
         assert message.startswith(operation) and "0.2 s" in message
         if operation != "barrier":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -26,8 +27,13 @@ def test_hash_is_stable_across_processes():
     # Python's hash() of a str changes per process (PYTHONHASHSEED); this one must not.
     code = "from hpcdist.collectives.metadata import signature_hash as h; print(h('abc'))"
     runs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
-        for _ in range(2)
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
     }
     assert runs == {f"{signature_hash('abc')}\n"}
 
