@@ -262,20 +262,26 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
             new = self._value - new
         self._value = asarray(new).astype(self._value.dtype, copy=False)
 
-    def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value=True):
-        """Set the value; returns the variable (``None`` with ``read_value=False``)."""
-        self._set("assign", value)
+    def _write(self, op: str, value: Any, read_value: bool) -> Any:
+        """``assign``, ``assign_add`` (``op="add"``) or ``assign_sub`` (``"sub"``)."""
+        self._set(op, value)
         return self if read_value else None
+
+    def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value=True):
+        """Set the value; returns the variable (``None`` with ``read_value=False``).
+
+        A distributed variable in replica context combines the replicas' values
+        with its aggregation (mirrored) or sets this replica's copy (sync on read).
+        """
+        return self._write("assign", value, read_value)
 
     def assign_add(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
         """Add ``delta`` to the value; returns the variable."""
-        self._set("add", delta)
-        return self if read_value else None
+        return self._write("add", delta, read_value)
 
     def assign_sub(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
         """Subtract ``delta`` from the value; returns the variable."""
-        self._set("sub", delta)
-        return self if read_value else None
+        return self._write("sub", delta, read_value)
 
 
 class DistributedVariable(Variable):
@@ -398,18 +404,6 @@ class MirroredVariable(DistributedVariable):
         context.get_replica_context()._merge(merge, (value,), None, True, key)
         return self if read_value else None
 
-    def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value=True):
-        """Set the value on every replica (combined with the aggregation in replica context)."""
-        return self._write("assign", value, read_value)
-
-    def assign_add(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
-        """Add ``delta`` on every replica (combined with the aggregation in replica context)."""
-        return self._write("add", delta, read_value)
-
-    def assign_sub(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
-        """Subtract ``delta`` on every replica (aggregated in replica context)."""
-        return self._write("sub", delta, read_value)
-
 
 class SyncOnReadVariable(DistributedVariable):
     """Each replica writes its own copy; cross-replica reads combine them (sync on read)."""
@@ -452,18 +446,6 @@ class SyncOnReadVariable(DistributedVariable):
             value = (value / n).astype(self.dtype)
         self._update_each(op, value)
         return self if read_value else None
-
-    def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value=True):
-        """Set this replica's copy (replica context) or every copy (cross-replica context)."""
-        return self._write("assign", value, read_value)
-
-    def assign_add(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
-        """Add to this replica's copy, or to every copy in cross-replica context."""
-        return self._write("add", delta, read_value)
-
-    def assign_sub(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
-        """Subtract from this replica's copy, or from every copy in cross-replica context."""
-        return self._write("sub", delta, read_value)
 
 
 def aggregate(strategy: Any, value: Any, aggregation: VariableAggregation, var: Any) -> Any:

@@ -12,20 +12,6 @@ from hpcdist.distribute import context
 from hpcdist.distribute.values import PerReplica
 
 
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    hd.experimental_set_strategy(None)
-    assert not leaked, "a test left a strategy scope open"
-
-
-@pytest.fixture(scope="module")
-def s():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-
-
 @pytest.fixture(scope="module")
 def other():
     return hd.MirroredStrategy(["/cpu:0", "/cpu:1"])

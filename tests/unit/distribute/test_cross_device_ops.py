@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import hpcdist as hd
-from hpcdist.distribute import context
 from hpcdist.distribute.cross_device_ops import (
     default_cross_device_ops,
     destination_devices,
@@ -18,32 +17,15 @@ from hpcdist.distribute.cross_device_ops import (
 )
 from hpcdist.distribute.devices import Device, parse_device
 from hpcdist.distribute.values import Mirrored, PerReplica
+from tests.unit.distribute.conftest import rid
 
 CPU0, CPU1 = parse_device("/cpu:0"), parse_device("/cpu:1")
 OPS = [hd.ReductionToOneDevice, hd.HierarchicalCopyAllReduce, hd.NcclAllReduce, hd.CrossDeviceOps]
 
 
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    hd.experimental_set_strategy(None)
-    assert not leaked, "a test left a strategy scope open"
-
-
-@pytest.fixture(scope="module")
-def s():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-
-
 @pytest.fixture
 def pr():
     return PerReplica((np.array([1.0, 5.0]), np.array([3.0, 2.0])))
-
-
-def rid() -> int:
-    return hd.get_replica_context().replica_id_in_sync_group
 
 
 # -- the classes -------------------------------------------------------------------------------

@@ -8,34 +8,11 @@ import numpy as np
 import pytest
 
 import hpcdist as hd
-from hpcdist.distribute import context
 from hpcdist.distribute.values import PerReplica
+from tests.unit.distribute.conftest import rid
 
 #: Seconds a run may take before a test calls it a hang (every run here takes milliseconds).
 DEADLINE = 5.0
-
-
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    hd.experimental_set_strategy(None)
-    assert not leaked, "a test left a strategy scope open"
-
-
-@pytest.fixture(scope="module")
-def s2():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-
-
-@pytest.fixture(scope="module")
-def s3():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"])
-
-
-def rid() -> int:
-    return hd.get_replica_context().replica_id_in_sync_group
 
 
 def ctx() -> hd.ReplicaContext:

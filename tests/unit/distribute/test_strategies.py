@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import hpcdist as hd
-from hpcdist.distribute import context, devices
+from hpcdist.distribute import devices
 from hpcdist.distribute.single_process import INDEPENDENT_VAR, check_single_process
 from hpcdist.errors import HpcdistError, LaunchError
+from tests.unit.distribute.conftest import rid
 
 LOCAL = "/job:localhost/replica:0/task:0/device:"
 OMPI_4 = {
@@ -20,15 +21,6 @@ OMPI_4 = {
     "OMPI_COMM_WORLD_LOCAL_RANK": "1",
     "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
 }
-
-
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    hd.experimental_set_strategy(None)
-    assert not leaked, "a test left a strategy scope open"
 
 
 @pytest.fixture
@@ -46,10 +38,6 @@ def gpus(monkeypatch):
 def mwms():
     """A one-process MultiWorkerMirroredStrategy with two local CPU replicas (starts MPI)."""
     return hd.MultiWorkerMirroredStrategy(devices=["/cpu:0", "/cpu:1"])
-
-
-def rid() -> int:
-    return hd.get_replica_context().replica_id_in_sync_group
 
 
 # -- MirroredStrategy: devices ---------------------------------------------------------------------

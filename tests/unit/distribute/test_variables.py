@@ -8,34 +8,11 @@ import numpy as np
 import pytest
 
 import hpcdist as hd
-from hpcdist.distribute import context
 from hpcdist.distribute.values import Mirrored, PerReplica
+from tests.unit.distribute.conftest import rid
 
 AGGREGATIONS = ["NONE", "SUM", "MEAN", "ONLY_FIRST_REPLICA"]
 CPU = "/job:localhost/replica:0/task:0/device:CPU:"
-
-
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    hd.experimental_set_strategy(None)
-    assert not leaked, "a test left a strategy scope open"
-
-
-@pytest.fixture(scope="module")
-def s():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-
-
-@pytest.fixture(scope="module")
-def s3():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"])
-
-
-def rid() -> int:
-    return hd.get_replica_context().replica_id_in_sync_group
 
 
 def make(strategy, initial=1.0, **kwargs):
