@@ -56,6 +56,7 @@ test: lint unit mpi-test
 
 bench: install
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/mpi_baseline.py
+	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/strategy_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info
