@@ -13,8 +13,9 @@ Example:
     2
 """
 
-from hpcdist import cluster_resolver, errors, experimental, runtime
+from hpcdist import cluster_resolver, data, errors, experimental, runtime
 from hpcdist.collectives.options import CommunicationImplementation, CommunicationOptions
+from hpcdist.data.input_context import InputContext, InputOptions, InputReplicationMode
 from hpcdist.distribute import *  # noqa: F403  (the tf.distribute names, listed in __all__)
 from hpcdist.distribute import __all__ as _distribute_names
 from hpcdist.runtime import World, world
@@ -24,9 +25,13 @@ __version__ = "0.1.0"
 __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
+    "InputContext",
+    "InputOptions",
+    "InputReplicationMode",
     "World",
     "__version__",
     "cluster_resolver",
+    "data",
     "errors",
     "experimental",
     "runtime",

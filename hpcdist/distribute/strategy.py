@@ -225,6 +225,50 @@ class Strategy:
             return tuple(select_replica(i, value) for i in range(k))
         return local_results(value)
 
+    # -- input -------------------------------------------------------------------------
+    def _input_args(self) -> dict[str, Any]:
+        ext = self._extended
+        return {
+            "num_workers": ext._num_workers,
+            "worker_index": ext._worker_index,
+            "num_replicas_per_worker": ext._num_local_replicas,
+            "collectives": ext._collectives,
+            "devices": ext._devices,
+        }
+
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        """Split each global batch of ``dataset`` over all replicas (TF's rebatch and autoshard).
+
+        The dataset's batch size is the global batch size. Each step gives a
+        ``PerReplica`` of this worker's sub-batches; see :mod:`hpcdist.data`.
+
+        Example: ``for x in strategy.experimental_distribute_dataset(ds.batch(64)): ...``.
+        """
+        from hpcdist.data.distributed import distribute_dataset
+
+        return distribute_dataset(dataset, options=options, **self._input_args())
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable[[Any], Any], options=None):
+        """Call ``dataset_fn(InputContext)`` once per worker; it returns per-replica batches.
+
+        Example: ``strategy.distribute_datasets_from_function(lambda ctx:
+        make(ctx).batch(ctx.get_per_replica_batch_size(64)))``.
+        """
+        from hpcdist.data.distributed import distribute_datasets_from_function
+
+        return distribute_datasets_from_function(dataset_fn, options=options, **self._input_args())
+
+    experimental_distribute_datasets_from_function = distribute_datasets_from_function
+
+    def experimental_make_numpy_dataset(self, numpy_input: Any) -> Any:
+        """A dataset of the slices of ``numpy_input`` (arrays or nested tuples/dicts of them).
+
+        Example: ``strategy.experimental_make_numpy_dataset((x, y)).batch(32)``.
+        """
+        from hpcdist.data.dataset import Dataset
+
+        return Dataset.from_tensor_slices(numpy_input)
+
     def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:
         """A ``PerReplica`` of ``value_fn(ctx)`` for each local replica.
 

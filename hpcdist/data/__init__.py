@@ -1,0 +1,39 @@
+"""Input pipelines and their distribution over replicas (``tf.data`` and tf.distribute input).
+
+* :class:`Dataset`: a streaming pipeline (``from_tensor_slices``, ``range``,
+  ``from_generator``, ``list_files`` + ``read_npy``/``read_npz``/``read_hdf5``;
+  ``batch``, ``shuffle``, ``repeat``, ``map``, ``filter``, ``take``, ``skip``,
+  ``shard``, ``prefetch``, ``cardinality``, ``options``/``with_options``).
+* ``strategy.experimental_distribute_dataset(dataset)``: TF's rebatch (the
+  global batch split over all replicas, sizes differing by at most one) and
+  autoshard across workers (:class:`AutoShardPolicy` FILE, DATA, AUTO, OFF, HINT).
+* ``strategy.distribute_datasets_from_function(fn)`` with :class:`InputContext`.
+
+Example:
+    >>> import hpcdist as hd
+    >>> s = hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> dist = s.experimental_distribute_dataset(hd.data.Dataset.range(4).batch(2))
+    >>> [s.experimental_local_results(s.run(lambda x: x * 2, args=(b,))) for b in dist]
+    [(array([0]), array([2])), (array([4]), array([6]))]
+"""
+
+from hpcdist.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset, TensorSpec
+from hpcdist.data.distributed import DistributedDataset, DistributedIterator
+from hpcdist.data.input_context import InputContext, InputOptions, InputReplicationMode
+from hpcdist.data.options import AutoShardPolicy, DistributeOptions, Options
+
+__all__ = [
+    "AUTOTUNE",
+    "INFINITE",
+    "UNKNOWN",
+    "AutoShardPolicy",
+    "Dataset",
+    "DistributeOptions",
+    "DistributedDataset",
+    "DistributedIterator",
+    "InputContext",
+    "InputOptions",
+    "InputReplicationMode",
+    "Options",
+    "TensorSpec",
+]
