@@ -57,6 +57,8 @@ test: lint unit mpi-test
 bench: install
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/mpi_baseline.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/strategy_overhead.py
+	timeout -k 20 900 $(PY) benchmarks/input_pipeline.py
+	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/input_pipeline.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info
