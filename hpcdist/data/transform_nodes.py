@@ -1,0 +1,429 @@
+"""Transformation nodes that change elements: batch, unbatch, shuffle, map, filter, file reads.
+
+``BatchDataset`` and ``ShuffleDataset`` take the fast paths described in
+``hpcdist.data.dataset`` when they can; the module switches they read
+(``_FAST_PATHS``, ``_SHUFFLE_CHUNK``) live in ``hpcdist.data.dataset`` and are
+looked up there at iteration time. Example:
+``[b.tolist() for b in BatchDataset(Dataset.range(5), 2)]`` gives ``[[0, 1], [2, 3], [4]]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from typing import Any
+
+import numpy as np
+
+import hpcdist.data.dataset as _ds
+from hpcdist.data.dataset import AUTOTUNE, UNKNOWN, Dataset
+from hpcdist.data.shuffle import (
+    _epoch_rng,
+    _EpochCounter,
+    _fixed_random_seed,
+    _join_indices,
+    _rechunk,
+    _shuffle_indices,
+)
+from hpcdist.data.source_nodes import _IndexedSource
+from hpcdist.data.sources import FileReader, rows_of, to_path
+from hpcdist.data.structure import (
+    TensorSpec,
+    _call,
+    _check_int,
+    _check_seed,
+    _example_element,
+    _flatten,
+    _map_structure,
+    _normalize,
+    _num_rows,
+    _row,
+    _spec_of,
+    _stack,
+    _unify_specs,
+)
+
+log = logging.getLogger("hpcdist.data")
+
+
+# ------------------------------------------------------------------------------- transformations
+
+
+class BatchDataset(Dataset):
+    """``batch``: ``batch_size`` consecutive elements stacked per component.
+
+    Example:
+        >>> b = BatchDataset(Dataset.range(5), 2, drop_remainder=False)
+        >>> b.batch_size, b.drop_remainder, b.cardinality()
+        (2, False, 3)
+    """
+
+    def __init__(self, input: Dataset, batch_size: int, drop_remainder: bool = False) -> None:
+        super().__init__(input)
+        self.batch_size = _check_int(
+            batch_size, "batch", "batch_size", 1, "batch_size >= 1 (elements per batch)"
+        )
+        self.drop_remainder = bool(drop_remainder)
+
+    def _iter(self) -> Iterator[Any]:
+        size, drop = self.batch_size, self.drop_remainder
+        stream = self._input._fast_stream()
+        if stream is not None:
+            source = self._input._index_source()
+            assert source is not None
+            pieces = _rechunk(stream, size, drop, len, lambda b, s, e: b[s:e], _join_indices)
+            for rows in pieces:
+                yield source._take(rows)
+            return
+        if _ds._FAST_PATHS and isinstance(self._input, FileReaderDataset):
+            yield from _rechunk(
+                self._input._file_arrays(), size, drop, _block_rows, _cut_rows, _concat_rows
+            )
+            return
+        with closing(self._input._iter()) as it:
+            buffer: list[Any] = []
+            for element in it:
+                buffer.append(element)
+                if len(buffer) == size:
+                    yield _stack(buffer)
+                    buffer = []
+            if buffer and not drop:
+                yield _stack(buffer)
+
+    def cardinality(self) -> int:
+        n = self._input.cardinality()
+        if n < 0:
+            return n
+        return n // self.batch_size if self.drop_remainder else -(-n // self.batch_size)
+
+    def _compute_element_spec(self) -> Any:
+        dim = self.batch_size if self.drop_remainder else None
+        return _map_structure(
+            lambda s: TensorSpec((dim, *s.shape), s.dtype), self._input.element_spec
+        )
+
+    def _describe(self) -> str:
+        return f"batch_size={self.batch_size}, drop_remainder={self.drop_remainder}"
+
+
+def _block_rows(block: Any) -> int:
+    return int(np.shape(_flatten(block)[0][1])[0])
+
+
+def _cut_rows(block: Any, start: int, stop: int) -> Any:
+    return _map_structure(lambda a: np.array(a[start:stop]), block)
+
+
+def _concat_rows(pieces: list[Any]) -> Any:
+    if len(pieces) == 1:
+        return pieces[0]
+    flat = [[leaf for _, leaf in _flatten(p)] for p in pieces]
+    joined = iter([np.concatenate(parts) for parts in zip(*flat, strict=True)])
+    return _map_structure(lambda _: next(joined), pieces[0])
+
+
+class UnbatchDataset(Dataset):
+    """``unbatch``: every row of every element becomes an element.
+
+    Example:
+        >>> [int(x) for x in UnbatchDataset(Dataset.from_tensors([1, 2]))]
+        [1, 2]
+    """
+
+    def _iter(self) -> Iterator[Any]:
+        with closing(self._input._iter()) as it:
+            for element in it:
+                n = _num_rows(element, "unbatch")
+                for i in range(n):
+                    yield _map_structure(lambda a, i=i: _row(a, i), element)
+
+    def _compute_element_spec(self) -> Any:
+        def drop_first(s: TensorSpec) -> TensorSpec:
+            if not s.shape:
+                raise ValueError("unbatch: the elements are scalars; there is nothing to unbatch")
+            return TensorSpec(s.shape[1:], s.dtype)
+
+        return _map_structure(drop_first, self._input.element_spec)
+
+
+class ShuffleDataset(Dataset):
+    """``shuffle``: TF's buffer shuffle (the exact order is in the module docstring).
+
+    With a ``seed`` the order of each iteration is reproducible; with
+    ``reshuffle_each_iteration`` (default) each iteration of the node has its
+    own order, else every iteration repeats the first one.
+
+    Example:
+        >>> ds = ShuffleDataset(Dataset.range(6), 6, seed=0, reshuffle_each_iteration=True)
+        >>> first, second = [int(x) for x in ds], [int(x) for x in ds]
+        >>> sorted(first) == sorted(second) == list(range(6)), first != second
+        (True, True)
+    """
+
+    def __init__(
+        self,
+        input: Dataset,
+        buffer_size: int,
+        seed: int | None = None,
+        reshuffle_each_iteration: bool | None = None,
+    ) -> None:
+        super().__init__(input)
+        self.buffer_size = _check_int(
+            buffer_size, "shuffle", "buffer_size", 1, "buffer_size >= 1 (elements held)"
+        )
+        self.seed = _check_seed(seed, "shuffle")
+        self.reshuffle_each_iteration = (
+            True if reshuffle_each_iteration is None else bool(reshuffle_each_iteration)
+        )
+        if self.seed is None and not self.reshuffle_each_iteration:
+            self._seed_used: int | None = _fixed_random_seed()  # same order every iteration
+        else:
+            self._seed_used = self.seed
+        self._epochs = _EpochCounter()
+
+    def _rng(self) -> np.random.Generator:
+        return _epoch_rng(self._seed_used, self.reshuffle_each_iteration, self._epochs)
+
+    def _index_source(self) -> _IndexedSource | None:
+        return self._input._index_source()
+
+    def _index_stream(self) -> Iterator[range | np.ndarray]:
+        upstream = self._input._index_stream()
+        yield from _shuffle_indices(upstream, self.buffer_size, self._rng(), _ds._SHUFFLE_CHUNK)
+
+    def _iter(self) -> Iterator[Any]:
+        stream = self._fast_stream()
+        if stream is None:
+            yield from self._iter_buffered()
+            return
+        source = self._index_source()
+        assert source is not None
+        for block in stream:
+            for start in range(0, len(block), 1024):
+                batch = source._take(block[start : start + 1024])
+                yield from _unstack(batch)
+
+    def _iter_buffered(self) -> Iterator[Any]:
+        """The element-by-element buffer algorithm (the definition of the order)."""
+        size = self.buffer_size
+        rng = self._rng()
+        buffer: list[Any] = []
+        picks = np.empty(0, np.int64)
+        used = 0
+        with closing(self._input._iter()) as it:
+            for element in it:
+                if len(buffer) < size:
+                    buffer.append(element)
+                    continue
+                if used == len(picks):
+                    picks, used = rng.integers(0, size, size=_ds._SHUFFLE_CHUNK), 0
+                slot = picks[used]
+                used += 1
+                out = buffer[slot]
+                buffer[slot] = element
+                yield out
+        for slot in rng.permutation(len(buffer)):
+            out, buffer[slot] = buffer[slot], None
+            yield out
+
+    def cardinality(self) -> int:
+        return self._input.cardinality()
+
+    def _describe(self) -> str:
+        return (
+            f"buffer_size={self.buffer_size}, seed={self.seed}, "
+            f"reshuffle_each_iteration={self.reshuffle_each_iteration}"
+        )
+
+
+def _unstack(batch: Any) -> Iterator[Any]:
+    n = _block_rows(batch)
+    if not isinstance(batch, (tuple, Mapping)):
+        yield from (batch[i] if batch.ndim == 1 else batch[i].copy() for i in range(n))
+        return
+    for i in range(n):
+        yield _map_structure(lambda a, i=i: a[i] if a.ndim == 1 else a[i].copy(), batch)
+
+
+class MapDataset(Dataset):
+    """``map``: ``map_func`` applied to every element, in order (optionally in threads).
+
+    Example:
+        >>> [int(x) for x in MapDataset(Dataset.range(4), lambda x: x + 1, num_parallel_calls=2)]
+        [1, 2, 3, 4]
+    """
+
+    def __init__(
+        self,
+        input: Dataset,
+        map_func: Callable[..., Any],
+        num_parallel_calls: int | None = None,
+        deterministic: bool | None = None,
+    ) -> None:
+        super().__init__(input)
+        if not callable(map_func):
+            raise TypeError(f"map: map_func is a {type(map_func).__name__}; expected a callable")
+        self.map_func = map_func
+        if num_parallel_calls is not None and num_parallel_calls != AUTOTUNE:
+            _check_int(
+                num_parallel_calls,
+                "map",
+                "num_parallel_calls",
+                1,
+                "num_parallel_calls >= 1, AUTOTUNE (-1) or None",
+            )
+        self.num_parallel_calls = num_parallel_calls
+        self.deterministic = deterministic
+
+    def _threads(self) -> int:
+        if self.num_parallel_calls == AUTOTUNE:
+            return os.cpu_count() or 1
+        return int(self.num_parallel_calls or 1)
+
+    def _iter(self) -> Iterator[Any]:
+        fn, threads = self.map_func, self._threads()
+        with closing(self._input._iter()) as it:
+            if threads <= 1:
+                for element in it:
+                    yield _normalize(_call(fn, element))
+            else:
+                yield from _parallel_map(it, fn, threads)
+
+    def _compute_element_spec(self) -> Any:
+        spec = self._input.element_spec
+        try:
+            with np.errstate(all="ignore"):
+                first = _spec_of(_normalize(_call(self.map_func, _example_element(spec, 1))))
+                if any(None in s.shape for _, s in _flatten(spec)):
+                    second = _spec_of(_normalize(_call(self.map_func, _example_element(spec, 2))))
+                    first = _unify_specs(first, second)
+            return first
+        except Exception:  # fall back to a real element
+            log.debug("map: tracing %r with zeros failed; using the first element", self.map_func)
+        with closing(self._detached()._iter()) as it:
+            element = next(it, None)
+        if element is None:
+            raise ValueError(
+                "map: cannot infer element_spec: the function fails on example inputs and the "
+                "dataset is empty"
+            )
+        return _spec_of(element)
+
+    def cardinality(self) -> int:
+        return self._input.cardinality()
+
+    def _describe(self) -> str:
+        name = getattr(self.map_func, "__name__", "fn")
+        return f"{name}, num_parallel_calls={self.num_parallel_calls}"
+
+
+def _parallel_map(it: Iterator[Any], fn: Callable[..., Any], threads: int) -> Iterator[Any]:
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hpcdist-map")
+    pending: deque[Any] = deque()
+    try:
+        for element in it:
+            pending.append(pool.submit(lambda x: _normalize(_call(fn, x)), element))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)
+
+
+class FilterDataset(Dataset):
+    """``filter``: the elements for which ``predicate`` is true (a scalar bool).
+
+    Example:
+        >>> FilterDataset(Dataset.range(4), lambda x: x > 1).cardinality() == UNKNOWN
+        True
+    """
+
+    def __init__(self, input: Dataset, predicate: Callable[..., Any]) -> None:
+        super().__init__(input)
+        if not callable(predicate):
+            raise TypeError(
+                f"filter: predicate is a {type(predicate).__name__}; expected a callable"
+            )
+        self.predicate = predicate
+
+    def _iter(self) -> Iterator[Any]:
+        pred = self.predicate
+        with closing(self._input._iter()) as it:
+            for element in it:
+                keep = _call(pred, element)
+                if isinstance(keep, np.ndarray) and keep.ndim > 0:
+                    raise TypeError(
+                        f"filter: the predicate returned an array of shape {keep.shape}; it must "
+                        "return one boolean per element (reduce it, e.g. with .all())"
+                    )
+                if keep:
+                    yield element
+
+    def cardinality(self) -> int:
+        return UNKNOWN
+
+
+class FileReaderDataset(Dataset):
+    """Reads every file named by its input with ``reader`` and yields the files' rows.
+
+    Made by ``read_npy``, ``read_npz`` and ``read_hdf5``; its ``_input`` is the
+    dataset of file names, so sharding by file goes right before this node.
+
+    Example:
+        >>> from hpcdist.data.sources import NpyReader
+        >>> FileReaderDataset(Dataset.from_files([]), NpyReader()).cardinality() == UNKNOWN
+        True
+    """
+
+    def __init__(self, input: Dataset, reader: FileReader) -> None:
+        super().__init__(input)
+        if not isinstance(reader, FileReader):
+            raise TypeError(
+                f"FileReaderDataset: reader is a {type(reader).__name__}; expected a FileReader "
+                "(NpyReader, NpzReader, Hdf5Reader)"
+            )
+        self.reader = reader
+
+    def _file_arrays(self) -> Iterator[Any]:
+        """The arrays of each file in turn (valid until the next file is opened)."""
+        with closing(self._input._iter()) as names:
+            for name in names:
+                path = to_path(name, f"read_{self.reader.name}")
+                with self.reader.open(path) as arrays:
+                    rows_of(path, arrays)
+                    yield arrays
+
+    def _iter(self) -> Iterator[Any]:
+        for arrays in self._file_arrays():
+            n = _block_rows(arrays)
+            if not isinstance(arrays, (tuple, Mapping)):
+                for i in range(n):
+                    yield _row(arrays, i)
+                continue
+            for i in range(n):
+                yield _map_structure(lambda a, i=i: _row(a, i), arrays)
+
+    def _compute_element_spec(self) -> Any:
+        with closing(self._input._detached()._iter()) as names:
+            first = next(names, None)
+        if first is None:
+            raise ValueError(
+                f"read_{self.reader.name}: the dataset has no files, so element_spec is unknown"
+            )
+        path = to_path(first, f"read_{self.reader.name}")
+        with self.reader.open(path) as arrays:
+            rows_of(path, arrays)
+            return _map_structure(lambda a: TensorSpec(tuple(a.shape[1:]), a.dtype), arrays)
+
+    def cardinality(self) -> int:
+        return UNKNOWN
+
+    def _describe(self) -> str:
+        return repr(self.reader)
