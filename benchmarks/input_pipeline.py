@@ -20,18 +20,16 @@ Run: ``python benchmarks/input_pipeline.py`` and
 
 from __future__ import annotations
 
-import json
-import pathlib
 import platform
 import time
 
 import numpy as np
+from common import RESULTS, pyplot, save_report  # noqa: E402  (benchmarks/ is on sys.path)
 
 import hpcdist as hd
 from hpcdist.data.dataset import Dataset
 from hpcdist.runtime import mpi, world
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 N, D, BATCH = 1_000_000, 64, 1024
 
 
@@ -55,7 +53,7 @@ def hpcdist_epoch(strategy, x: np.ndarray, seed: int) -> int:
     return steps
 
 
-def best_of(fn, repeats: int = 3) -> tuple[float, int]:
+def best_of(fn, repeats: int = 5) -> tuple[float, int]:
     best, steps = float("inf"), 0
     for r in range(repeats):
         t0 = time.perf_counter()
@@ -111,14 +109,9 @@ def main() -> None:
         name = f"input_pipeline_mpi{w.size}"
     if w.rank != 0:
         return
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    path = save_report(name, report)
+    plt = pyplot()
+    if plt is None:
         return
     if w.size == 1:
         fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -128,7 +121,7 @@ def main() -> None:
         ax.set_title("shuffle + batch over 2 replicas")
         fig.tight_layout()
         fig.savefig(RESULTS / f"{name}.png", dpi=100)
-    print(f"wrote {RESULTS / name}.json")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -8,17 +8,15 @@ Run: ``make bench`` or ``mpirun -n 2 python benchmarks/mpi_baseline.py``.
 
 from __future__ import annotations
 
-import json
-import pathlib
 import platform
 import time
 
 import numpy as np
+from common import save_line_plot, save_report  # noqa: E402  (benchmarks/ is on sys.path)
 
 from hpcdist.runtime import library_version, mpi, world
 
 SIZES = [2**k for k in range(12, 27, 2)]  # 4 KiB .. 64 MiB
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def time_allreduce(comm, nbytes: int, repeats: int) -> float:
@@ -47,7 +45,6 @@ def main() -> None:
         rows.append({"bytes": nbytes, "seconds": seconds, "bus_gb_per_s": busbw})
     if w.rank != 0:
         return
-    RESULTS.mkdir(exist_ok=True)
     report = {
         "benchmark": "mpi4py Comm.Allreduce float32 SUM, in place",
         "ranks": w.size,
@@ -56,33 +53,19 @@ def main() -> None:
         "machine": platform.platform(),
         "rows": rows,
     }
-    (RESULTS / "mpi_baseline.json").write_text(json.dumps(report, indent=2) + "\n")
+    path = save_report("mpi_baseline", report)
     print(f"{'bytes':>10} {'ms':>10} {'bus GB/s':>9}")
     for r in rows:
         print(f"{r['bytes']:>10} {r['seconds'] * 1e3:>10.3f} {r['bus_gb_per_s']:>9.2f}")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (extra 'bench'): no plot written")
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.semilogx(
+    save_line_plot(
+        "mpi_baseline",
         [r["bytes"] for r in rows],
-        [r["bus_gb_per_s"] for r in rows],
-        "o-",
-        label="mpi4py Allreduce",
+        {"mpi4py Allreduce": [r["bus_gb_per_s"] for r in rows]},
+        xlabel="message size (bytes)",
+        ylabel="bus bandwidth (GB/s)",
+        title=f"Allreduce baseline, {w.size} ranks, {library_version().split(',')[0]}",
     )
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"Allreduce baseline, {w.size} ranks, {library_version().split(',')[0]}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "mpi_baseline.png", dpi=100)
-    print(f"wrote {RESULTS / 'mpi_baseline.json'} and .png")
+    print(f"wrote {path} and .png")
 
 
 if __name__ == "__main__":

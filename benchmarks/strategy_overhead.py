@@ -17,19 +17,17 @@ Run: ``mpirun -n 2 python benchmarks/strategy_overhead.py``.
 
 from __future__ import annotations
 
-import json
-import pathlib
 import platform
 import time
 
 import numpy as np
+from common import save_line_plot, save_report  # noqa: E402  (benchmarks/ is on sys.path)
 
 import hpcdist as hd
 from hpcdist.collectives import Collectives
 from hpcdist.runtime import library_version, mpi, world
 
 SIZES = [4 * 4**k for k in range(11)]  # 4 B .. 4 MiB
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def median_seconds(comm, call, repeats: int) -> float:
@@ -76,7 +74,6 @@ def main() -> None:
     for r in rows:
         cells = [f"{r[n] * 1e6:>9.1f} ({r[n] / r['raw']:>5.2f}x)" for n in names]
         print(f"{r['bytes']:>9} " + " ".join(f"{c:>18}" for c in cells))
-    RESULTS.mkdir(exist_ok=True)
     report = {
         "benchmark": "all-reduce latency: raw mpi4py vs engine vs strategy.run (float32 SUM)",
         "ranks": w.size,
@@ -85,26 +82,17 @@ def main() -> None:
         "command": f"mpirun -n {w.size} python benchmarks/strategy_overhead.py",
         "rows": rows,
     }
-    (RESULTS / "strategy_overhead.json").write_text(json.dumps(report, indent=2) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (extra 'bench'): no plot written")
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name in names:
-        ax.loglog([r["bytes"] for r in rows], [r[name] * 1e6 for r in rows], "o-", label=name)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("median latency (us)")
-    ax.set_title(f"All-reduce through the strategy layer, {w.size} ranks")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "strategy_overhead.png", dpi=100)
-    print(f"wrote {RESULTS / 'strategy_overhead.json'} and .png")
+    path = save_report("strategy_overhead", report)
+    save_line_plot(
+        "strategy_overhead",
+        [r["bytes"] for r in rows],
+        {name: [r[name] * 1e6 for r in rows] for name in names},
+        xlabel="message size (bytes)",
+        ylabel="median latency (us)",
+        title=f"All-reduce through the strategy layer, {w.size} ranks",
+        loglog=True,
+    )
+    print(f"wrote {path} and .png")
 
 
 if __name__ == "__main__":
