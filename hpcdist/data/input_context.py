@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def _count(name: str, value: Any, minimum: int) -> int:
+def check_count(name: str, value: Any, minimum: int) -> int:
     """``value`` as an int >= ``minimum`` (NumPy integers accepted, bools refused)."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
@@ -55,9 +55,9 @@ class InputContext:
         input_pipeline_id: int = 0,
         num_replicas_in_sync: int = 1,
     ) -> None:
-        self._num_input_pipelines = _count("num_input_pipelines", num_input_pipelines, 1)
-        self._input_pipeline_id = _count("input_pipeline_id", input_pipeline_id, 0)
-        self._num_replicas_in_sync = _count("num_replicas_in_sync", num_replicas_in_sync, 1)
+        self._num_input_pipelines = check_count("num_input_pipelines", num_input_pipelines, 1)
+        self._input_pipeline_id = check_count("input_pipeline_id", input_pipeline_id, 0)
+        self._num_replicas_in_sync = check_count("num_replicas_in_sync", num_replicas_in_sync, 1)
         if self._input_pipeline_id >= self._num_input_pipelines:
             raise ValueError(
                 f"input_pipeline_id is {input_pipeline_id} but there are only "
@@ -87,7 +87,7 @@ class InputContext:
             >>> InputContext(num_replicas_in_sync=4).get_per_replica_batch_size(8)
             2
         """
-        global_batch_size = _count("global_batch_size", global_batch_size, 0)
+        global_batch_size = check_count("global_batch_size", global_batch_size, 0)
         if global_batch_size % self._num_replicas_in_sync != 0:
             raise ValueError(
                 f"the global batch size {global_batch_size} is not divisible by "
@@ -174,7 +174,7 @@ class InputOptions:
                 "experimental_place_dataset_on_device must be a bool, got "
                 f"{self.experimental_place_dataset_on_device!r}"
             )
-        size = _count(
+        size = check_count(
             "experimental_per_replica_buffer_size", self.experimental_per_replica_buffer_size, 0
         )
         object.__setattr__(self, "experimental_per_replica_buffer_size", size)

@@ -29,22 +29,13 @@ Example:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from hpcdist.data.input_context import check_count
 from hpcdist.distribute import nest
-
-
-def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = operator.index(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def batch_sizes_for_worker(
@@ -65,10 +56,10 @@ def batch_sizes_for_worker(
         >>> batch_sizes_for_worker(3, 1, 4, 0)
         [1, 1, 1, 0]
     """
-    g = _int("global_batch_size", global_batch_size, 0)
-    w_count = _int("num_workers", num_workers, 1)
-    r = _int("num_replicas_per_worker", num_replicas_per_worker, 1)
-    w = _int("worker_index", worker_index, 0)
+    g = check_count("global_batch_size", global_batch_size, 0)
+    w_count = check_count("num_workers", num_workers, 1)
+    r = check_count("num_replicas_per_worker", num_replicas_per_worker, 1)
+    w = check_count("worker_index", worker_index, 0)
     if w >= w_count:
         raise ValueError(
             f"worker_index is {w} but there are {w_count} workers; expected "
