@@ -1,24 +1,30 @@
-"""The collectives engine: allreduce, allgather, broadcast and barrier over MPI ranks.
+"""The collectives engine: allreduce, reduce_scatter, allgather, broadcast and barrier.
 
 :class:`Collectives` runs collective operations among the ranks of one MPI
-communicator, on NumPy or CuPy arrays. This first version is simple and
-correct: every call
+communicator, on NumPy or CuPy arrays (CuPy goes through host memory until
+the GPU path exists).
 
-1. checks, with one tiny ``Iallreduce`` of a 63-bit hash, that every rank
-   passed the same operation, op, shapes, dtypes, root and mode; if not,
-   every rank raises :class:`~hpcdist.errors.CollectiveMismatchError` naming
-   which ranks passed what (no hang, no corrupted data);
-2. packs the arrays into one contiguous buffer per dtype (a simple fusion) and
-   moves it with buffer-mode mpi4py calls (never pickle);
-3. unpacks into new arrays on the device kind of the inputs (CuPy arrays go
-   through host memory for now).
+Reductions are *fused*: the tensors of a call are packed, per dtype, into
+buckets (:mod:`hpcdist.collectives.fusion`; the layout is built once per
+tensor list and cached) and each bucket is reduced by one backend
+(:mod:`hpcdist.collectives.choice` says which):
 
-Determinism: integer and boolean reductions use ``Allreduce`` (exact, so every
-rank gets the same bits). Floating-point and complex reductions use
-``Reduce`` to rank 0 followed by ``Bcast``: the MPI standard does not promise
-that ``Allreduce`` gives bitwise-equal floating results on every rank, while
-one rank computing and broadcasting does. ``float16`` is reduced in
-``float32`` (MPI has no portable half-precision sum) and rounded once on rank 0.
+* ``shm``: the node's shared window (:mod:`hpcdist.collectives.shm_backend`),
+  Numba kernels for packing and for the reduction;
+* ``hierarchical``: shm in each node, MPI between node leaders, shm again;
+* ``mpi``: buffer-mode mpi4py on the packed buffer
+  (:mod:`hpcdist.collectives.mpi_reduce`).
+
+Every rank receives bitwise the same results, and repeated runs give the
+same bits: on a node every element is reduced in one place in rank order;
+MPI floating reductions that could differ between ranks use Reduce+Bcast.
+
+Agreement: on one node every operation starts at a shared-memory barrier
+that also compares a digest of the call (operation, op, shapes, dtypes,
+options), so a mismatch costs nothing until it happens; across nodes a tiny
+``Iallreduce`` of the digest precedes each call. Either way, ranks that
+passed different calls all raise :class:`~hpcdist.errors.CollectiveMismatchError`
+naming which ranks passed what — not a hang, not corrupted data.
 
 Example:
     >>> import numpy as np
@@ -34,46 +40,61 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
+from hpcdist.collectives import choice
+from hpcdist.collectives.fusion import Layout, addresses, build_layout, unfuse, wire_dtype
 from hpcdist.collectives.metadata import describe_arrays, mismatch_message, signature_hash
 from hpcdist.collectives.mpi_backend import Call, PendingCollective, Plan, drive
+from hpcdist.collectives.mpi_reduce import reduce_calls
 from hpcdist.collectives.ops import ReduceOp, divide_mean
-from hpcdist.collectives.options import CommunicationImplementation, CommunicationOptions
+from hpcdist.collectives.options import CommunicationImplementation as CI
+from hpcdist.collectives.options import CommunicationOptions
+from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
+from hpcdist.collectives.shm_backend import (
+    Mismatch,
+    NodePlan,
+    allreduce_plan,
+    check_plan,
+    reduce_scatter_plan,
+    run_node_plan,
+)
 from hpcdist.errors import CollectiveMismatchError, CollectiveTimeoutError
+from hpcdist.kernels import gather_bytes
 
 log = logging.getLogger("hpcdist")
 
 ALIGN = 16  # byte alignment of each tensor in a broadcast buffer
 LAYOUT_CACHE_SIZE = 1024
 WHAT_CHARS = 300  # characters of a call's description in a timeout error
-_FALLBACK_WARNED: set[CommunicationImplementation] = set()
+_FALLBACK_WARNED: set[CI] = set()
 
 
-class _Group(NamedTuple):
-    """Tensors of one dtype fused into one buffer for a reduction."""
+class _Simple(NamedTuple):
+    """The signature of a call that needs no fusion layout (allgather, broadcast, barrier)."""
 
-    comm_dtype: np.dtype  # dtype the reduction runs in
-    wire_dtype: np.dtype  # dtype of the reduced buffer (float16 for float16 inputs)
-    result_dtype: np.dtype  # the inputs' dtype, or divide_mean's for MEAN
-    members: tuple[tuple[int, int, int], ...]  # (tensor index, offset, elements)
-    total: int
-
-
-class _Layout(NamedTuple):
-    text: str  # the call's signature, compared across ranks
-    digest: int  # its 63-bit hash
-    groups: tuple[_Group, ...] = ()
+    text: str
+    digest: int
     offsets: tuple[int, ...] = ()  # broadcast: byte offset of each tensor
     total: int = 0  # broadcast: bytes in all
 
 
+class _Topology(NamedTuple):
+    """Where the engine's ranks are, found once (collectively) at its first call."""
+
+    nodes: int
+    largest_node: int
+    window: NodeWindow | None  # this node's shared window (None: one rank per node)
+    leaders: Any  # several nodes: the node leaders' communicator on a leader, else None
+    node_rank: int
+
+
 def _host_arrays(tensors: Any, operation: str) -> tuple[list[np.ndarray], list[tuple[str, int]]]:
-    """Host (NumPy) arrays of ``tensors`` and the device each came from."""
+    """C-contiguous host (NumPy) arrays of ``tensors`` and the device each came from."""
     if is_array(tensors) or isinstance(tensors, (str, bytes)) or not hasattr(tensors, "__iter__"):
         raise TypeError(
             f"{operation} takes a list of arrays; got {type(tensors).__name__}. "
@@ -82,10 +103,18 @@ def _host_arrays(tensors: Any, operation: str) -> tuple[list[np.ndarray], list[t
     items: list[np.ndarray] = []
     places: list[tuple[str, int]] = []
     for i, tensor in enumerate(tensors):
-        x = asarray(tensor)
-        places.append(device_of(x))
-        host = to_host(x)
+        if type(tensor) is np.ndarray:
+            host = tensor
+            places.append(("CPU", 0))
+        else:
+            x = asarray(tensor)
+            places.append(device_of(x))
+            host = to_host(x)
         _check_dtype(host.dtype, operation, i)
+        if not host.dtype.isnative:
+            host = host.astype(host.dtype.newbyteorder("="))
+        elif not host.flags.c_contiguous:
+            host = np.ascontiguousarray(host)
         items.append(host)
     return items, places
 
@@ -104,41 +133,6 @@ def _place(result: np.ndarray, place: tuple[str, int]) -> Any:
     return result if kind == "CPU" else to_device(result, kind, index)
 
 
-def _reduce_dtypes(dtype: np.dtype, op: ReduceOp) -> tuple[np.dtype, np.dtype]:
-    """(dtype the reduction runs in, dtype of the reduced buffer) for inputs of ``dtype``."""
-    kind, size = dtype.kind, dtype.itemsize
-    if kind == "b" and op in (ReduceOp.SUM, ReduceOp.MEAN):
-        raise TypeError(
-            f"allreduce {op.name} of boolean arrays is not defined; cast to an integer "
-            "dtype first, or use MIN (all) or MAX (any)"
-        )
-    if kind == "c" and op in (ReduceOp.MIN, ReduceOp.MAX):
-        raise TypeError(f"allreduce {op.name} of complex arrays is not defined; use SUM or MEAN")
-    if kind == "f" and size == 2:
-        return np.dtype(np.float32), np.dtype(np.float16)
-    if kind in "biu" or (kind == "f" and size in (4, 8)) or (kind == "c" and size in (8, 16)):
-        native = dtype.newbyteorder("=")
-        return native, native
-    raise TypeError(
-        f"allreduce of {dtype} arrays is not supported; use bool, (u)int8-64, float16, "
-        "float32, float64, complex64 or complex128"
-    )
-
-
-def _result_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
-    """The inputs' dtype; for MEAN whatever :func:`divide_mean` gives (float64 for integers)."""
-    if op is ReduceOp.MEAN:
-        return divide_mean(np.zeros(0, dtype), 1).dtype
-    return dtype
-
-
-def _chunks(total: int, itemsize: int, bytes_per_pack: int) -> Iterator[tuple[int, int]]:
-    """``[lo, hi)`` element ranges of at most ``bytes_per_pack`` bytes (0: one range)."""
-    step = total if bytes_per_pack <= 0 else max(1, bytes_per_pack // itemsize)
-    for lo in range(0, total, max(step, 1)):
-        yield lo, min(lo + step, total)
-
-
 def _aligned_bytes(nbytes: int) -> np.ndarray:
     """A new uint8 buffer of ``nbytes`` whose start is 8-byte aligned."""
     return np.empty(max(1, -(-nbytes // 8)), np.float64).view(np.uint8)[:nbytes]
@@ -152,30 +146,35 @@ def _clip(text: str) -> str:
     return text if len(text) <= WHAT_CHARS else text[: WHAT_CHARS - 1] + "…"
 
 
+def _split_bounds(rows: int, size: int, row_elems: int) -> list[int]:
+    """Element bounds of ``np.array_split``'s ``size`` blocks of ``rows`` rows."""
+    base, extra = divmod(rows, size)
+    bounds = [0]
+    for r in range(size):
+        bounds.append(bounds[-1] + (base + (1 if r < extra else 0)) * row_elems)
+    return bounds
+
+
 class Collectives:
     """Collective operations among the ranks of one MPI communicator.
 
     Args:
         comm: an mpi4py communicator (default: ``hpcdist.runtime.world().comm``).
-            The engine issues its collectives on it as given; every rank must
-            call the engine's methods in the same order.
+            Every rank must call the engine's methods in the same order. The
+            first call also finds the node layout (collectively) and maps the
+            node's shared window, which engines over the same ranks share.
         options: default :class:`CommunicationOptions`; options passed to a
             call are merged over them.
 
-    Results are always new arrays (never the inputs), with the inputs' shapes
-    and dtypes (MEAN of integers: :func:`~hpcdist.collectives.ops.divide_mean`'s
-    dtype), on the inputs' device kind; every rank gets bitwise the same
-    values. With a timeout (``options.timeout_seconds``) the engine uses
-    nonblocking MPI calls and raises :class:`~hpcdist.errors.CollectiveTimeoutError`
-    when a call is not done in time; MPI cannot cancel a collective, so the
-    communicator is unusable afterwards and the caller should abort the job.
-    The error's ``request.Wait()`` finishes the call where every rank will
-    still join it; until then the engine refuses new calls.
+    Results are new arrays (never the inputs; arrays of one call may share
+    one buffer), with the inputs' shapes and dtypes (MEAN of integers:
+    float64), on the inputs' device kind; every rank gets bitwise the same
+    values. With a timeout (``options.timeout_seconds``) the engine waits
+    with deadlines and raises :class:`~hpcdist.errors.CollectiveTimeoutError`;
+    MPI cannot cancel a collective, so the job should be aborted then.
 
-    Use an engine from one thread at a time (it keeps per-call state, and MPI
-    needs every rank's calls in one order anyway). A communicator of one rank
-    returns copies without any MPI traffic. ``implementation`` NCCL and SHM
-    run on MPI in this version.
+    Use an engine from one thread at a time. A communicator of one rank
+    returns copies without any MPI traffic.
 
     Example:
         >>> import numpy as np
@@ -204,8 +203,10 @@ class Collectives:
         self._rank = int(comm.Get_rank())
         self._size = int(comm.Get_size())
         self._options = options if options is not None else CommunicationOptions()
-        self._layouts: dict[tuple[Any, ...], _Layout] = {}
+        self._merged_cache: dict[Any, CommunicationOptions] = {}
+        self._layouts: dict[tuple[Any, ...], Any] = {}
         self._pending: PendingCollective | None = None
+        self._topology: _Topology | None = None
         self._mpi: Any = None
         if self._size > 1:
             from hpcdist.runtime import mpi
@@ -235,6 +236,18 @@ class Collectives:
     def __repr__(self) -> str:
         return f"Collectives(rank={self._rank}, size={self._size}, options={self._options!r})"
 
+    def implementation_for(self, options: CommunicationOptions | None = None) -> CI:
+        """The backend (MPI, SHM or HIERARCHICAL) an allreduce with ``options`` runs on.
+
+        Collective on the first call of the engine (it finds the topology).
+        Example: ``c.implementation_for()`` is ``SHM`` for ranks on one node.
+        """
+        opts = self._merged(options)
+        if self._size == 1:
+            return CI.MPI
+        top = self._topo()
+        return choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
+
     # -- public operations -------------------------------------------------
 
     def allreduce(
@@ -242,32 +255,97 @@ class Collectives:
         tensors: Sequence[Any],
         op: ReduceOp | str,
         options: CommunicationOptions | None = None,
+        *,
+        out: Sequence[np.ndarray] | None = None,
     ) -> list[Any]:
         """Reduce each array element-wise across ranks; every rank gets the result.
 
-        ``op`` is SUM, MEAN (the sum divided by :attr:`size` with
-        :func:`~hpcdist.collectives.ops.divide_mean`: floats keep their dtype,
-        integers give its dtype, float64), MIN or MAX. Supported dtypes: bool
-        (MIN, MAX), signed and unsigned integers, float16/32/64, complex64/128
-        (SUM, MEAN). MIN and MAX of NaNs follow the MPI library's comparisons.
+        ``op`` is SUM, MEAN (the sum divided by :attr:`size`: floats keep
+        their dtype, integers give float64), MIN or MAX. Supported dtypes:
+        bool (MIN, MAX), signed and unsigned integers, float16/32/64 (float16
+        is summed in float32 and rounded once), complex64/128 (SUM, MEAN).
+        On a node, MIN and MAX follow NumPy (NaN wins); between nodes, the
+        MPI library's comparisons.
+
+        ``out``: NumPy arrays (one per tensor, same shapes, result dtypes) to
+        write the results into instead of new arrays — they may be the
+        inputs themselves (in place, like ``MPI.IN_PLACE``); ``out`` is returned.
 
         Example: ``c.allreduce([grad_w, grad_b], "MEAN")`` gives the averaged gradients.
         """
-        op = ReduceOp.from_any(op)
+        if op.__class__ is not ReduceOp:
+            op = ReduceOp.from_any(op)
         opts = self._merged(options)
         items, places = _host_arrays(tensors, "allreduce")
-        key = ("allreduce", op, _mode(opts), opts.bytes_per_pack) + tuple(
-            (a.shape, a.dtype) for a in items
-        )
-        layout = self._layout(key, lambda: self._reduce_layout(items, op, opts))
+        key = (op, opts, *[(a.shape, a.dtype) for a in items])
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._new_layout(key, items, op, opts)
+        if out is not None:
+            out = self._check_out(out, layout)
         if self._size == 1:
-            results = [np.array(a, copy=True) for a in items]
-            if op is ReduceOp.MEAN:
-                results = [np.asarray(divide_mean(r, 1)) for r in results]
+            fused = [self._pack_whole(g, items) for g in layout.groups]
         else:
-            plan = self._allreduce_plan(items, op, layout, opts)
-            results = self._run(plan, opts, _clip(layout.text))
+            fused = self._reduce(items, layout, opts)
+        results: list[Any] = [None] * len(items)
+        for group, buf in zip(layout.groups, fused, strict=True):
+            if op is ReduceOp.MEAN and group.wire.kind in "iu":
+                buf = divide_mean(buf, self._size)
+            elif op is ReduceOp.MEAN and self._size == 1:
+                buf = divide_mean(buf, 1)
+            unfuse(group, buf, layout.shapes, results)
+        if out is not None:
+            for target, result in zip(out, results, strict=True):
+                if target is not result:
+                    np.copyto(target, result)
+            return list(out)
+        if all(p[0] == "CPU" for p in places):
+            return results
         return [_place(r, p) for r, p in zip(results, places, strict=True)]
+
+    def reduce_scatter(
+        self, tensor: Any, op: ReduceOp | str, options: CommunicationOptions | None = None
+    ) -> Any:
+        """This rank's block of the element-wise reduction of ``tensor`` across ranks.
+
+        ``tensor`` has the same shape on every rank; it is split along axis 0
+        into :attr:`size` blocks as ``np.array_split`` splits it (the first
+        ``len % size`` blocks one row longer) and rank ``r`` receives block
+        ``r`` reduced with ``op`` (as :meth:`allreduce`).
+
+        Example: on 2 ranks, ``c.reduce_scatter(np.ones(5), "SUM")`` gives
+        ``[2., 2., 2.]`` on rank 0 and ``[2., 2.]`` on rank 1.
+        """
+        if op.__class__ is not ReduceOp:
+            op = ReduceOp.from_any(op)
+        opts = self._merged(options)
+        items, places = _host_arrays([tensor], "reduce_scatter")
+        x = items[0]
+        if x.ndim == 0:
+            raise ValueError(
+                "reduce_scatter needs a tensor with at least one dimension to split along "
+                "axis 0; got a 0-d array. Reshape it to (1,) or use allreduce"
+            )
+        key = ("reduce_scatter", op, opts, x.shape, x.dtype)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._new_layout(key, items, op, opts, operation="reduce_scatter")
+        group = layout.groups[0]
+        row = (math.prod(x.shape[1:]) if x.ndim > 1 else 1) * (
+            x.dtype.itemsize // group.wire.itemsize
+        )
+        bounds = _split_bounds(x.shape[0], self._size, row)
+        lo, hi = bounds[self._rank], bounds[self._rank + 1]
+        block_shape = ((hi - lo) // row if row else 0, *x.shape[1:])
+        if self._size == 1:
+            buf = self._pack_whole(group, items)
+        else:
+            buf = self._reduce_scatter(items, layout, opts, bounds)
+        if op is ReduceOp.MEAN and group.wire.kind in "iu":
+            buf = divide_mean(buf, self._size)
+        if group.wire != group.dtype and group.dtype.kind in "bc":
+            buf = buf.view(group.dtype)
+        return _place(buf.reshape(block_shape), places[0])
 
     def allgather(
         self, tensor: Any, axis: int = 0, options: CommunicationOptions | None = None
@@ -301,10 +379,12 @@ class Collectives:
         if self._size == 1:
             return _place(np.array(host, copy=True), place)
         text = f"allgather(axis={axis}, {host.dtype}({dims}), {_mode(opts)})"
-        layout = self._layout(("allgather", text), lambda: _Layout(text, signature_hash(text)))
+        layout = self._simple(("allgather", text), text)
         moved = np.ascontiguousarray(np.moveaxis(host, axis, 0))
         what = f"allgather(axis={axis}) of {describe_arrays([host])} on this rank"
-        out = self._run(self._allgather_plan(moved, layout), opts, what)
+        out = self._checked(
+            layout, opts, what, lambda check: self._allgather_plan(moved, layout, check)
+        )
         if axis != 0:
             out = np.ascontiguousarray(np.moveaxis(out, 0, axis))
         return _place(out, place)
@@ -331,12 +411,18 @@ class Collectives:
         key = ("broadcast", root, _mode(opts), opts.bytes_per_pack) + tuple(
             (a.shape, a.dtype) for a in items
         )
-        layout = self._layout(key, lambda: _broadcast_layout(items, root, opts))
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = _broadcast_layout(items, root, opts)
         if self._size == 1:
             results = [np.array(a, copy=True) for a in items]
         else:
-            plan = self._broadcast_plan(items, root, layout, opts)
-            results = self._run(plan, opts, _clip(layout.text))
+            results = self._checked(
+                layout,
+                opts,
+                _clip(layout.text),
+                lambda check: self._broadcast_plan(items, root, layout, opts, check),
+            )
         return [_place(r, p) for r, p in zip(results, places, strict=True)]
 
     def barrier(self, options: CommunicationOptions | None = None) -> None:
@@ -348,34 +434,207 @@ class Collectives:
         if self._size == 1:
             return
         text = f"barrier({_mode(opts)})"
-        layout = self._layout(("barrier", text), lambda: _Layout(text, signature_hash(text)))
-        self._run(self._agree(layout), opts, text)
+        layout = self._simple(("barrier", text), text)
+        self._checked(layout, opts, text, lambda check: self._agree(layout) if check else None)
 
     # -- internals ---------------------------------------------------------
 
     def _merged(self, options: CommunicationOptions | None) -> CommunicationOptions:
+        if options is None or options.__class__ is CommunicationOptions:
+            opts = self._merged_cache.get(options)
+            if opts is not None:
+                return opts
         opts = self._options.merge(options)
-        impl = opts.implementation
-        if impl in (CommunicationImplementation.NCCL, CommunicationImplementation.SHM):
-            if impl not in _FALLBACK_WARNED:
-                _FALLBACK_WARNED.add(impl)
-                log.warning(
-                    "implementation %s is not available in this version of the collectives "
-                    "engine; using MPI",
-                    impl.name,
-                )
+        if opts.implementation is CI.NCCL and CI.NCCL not in _FALLBACK_WARNED:
+            _FALLBACK_WARNED.add(CI.NCCL)
+            log.warning(
+                "implementation NCCL is not available in this version of the collectives "
+                "engine; using MPI"
+            )
+        if len(self._merged_cache) < 64:
+            self._merged_cache[options] = opts
         return opts
 
-    def _layout(self, key: tuple[Any, ...], build: Callable[[], _Layout]) -> _Layout:
-        layout = self._layouts.get(key)
-        if layout is None:
-            layout = build()
-            if len(self._layouts) >= LAYOUT_CACHE_SIZE:
-                self._layouts.clear()
-            self._layouts[key] = layout
+    def _topo(self) -> _Topology:
+        """The node layout of the communicator (collective on the first call)."""
+        if self._topology is None:
+            comm = self._comm
+            node = node_comm_of(comm)
+            local_rank, local_size = node.Get_rank(), node.Get_size()
+            counts = comm.allgather(local_size if local_rank == 0 else 0)
+            nodes = sum(1 for c in counts if c)
+            largest = max(counts)
+            window = shared_window(node, choice.slot_bytes(largest)) if largest > 1 else None
+            leaders = None
+            if nodes > 1:
+                MPI = self._mpi
+                color = 0 if local_rank == 0 else MPI.UNDEFINED
+                lead = comm.Split(color, key=self._rank)
+                leaders = None if lead == MPI.COMM_NULL else lead
+            self._topology = _Topology(nodes, largest, window, leaders, local_rank)
+        return self._topology
+
+    def _new_layout(
+        self,
+        key: tuple[Any, ...],
+        items: list[np.ndarray],
+        op: ReduceOp,
+        opts: CommunicationOptions,
+        operation: str = "allreduce",
+    ) -> Layout:
+        for i, a in enumerate(items):
+            try:
+                wire_dtype(a.dtype, op)
+            except TypeError as err:
+                raise TypeError(f"{operation} (tensor {i}): {err}") from None
+        bucket = opts.bytes_per_pack or choice.DEFAULT_BUCKET_BYTES
+        if self._size > 1 and self._topo().window is not None:
+            bucket = min(bucket, self._topo().window.slot_bytes)
+        text = (
+            f"{operation}(op={op.name}, {describe_arrays(items)}, {_mode(opts)}, "
+            f"bytes_per_pack={opts.bytes_per_pack}, implementation={opts.implementation.name})"
+        )
+        layout = build_layout(items, op, bucket, text)
+        if len(self._layouts) >= LAYOUT_CACHE_SIZE:
+            self._layouts.clear()
+        self._layouts[key] = layout
         return layout
 
+    def _simple(self, key: tuple[Any, ...], text: str, **extra: Any) -> _Simple:
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = _Simple(text, signature_hash(text), **extra)
+        return layout
+
+    def _check_out(self, out: Sequence[np.ndarray], layout: Layout) -> list[np.ndarray]:
+        out = list(out)
+        if len(out) != len(layout.shapes):
+            raise ValueError(
+                f"out has {len(out)} arrays for {len(layout.shapes)} tensors; pass one per tensor"
+            )
+        dtypes = {}
+        for g in layout.groups:
+            for index, _, _ in g.members:
+                dtypes[index] = g.result
+        for i, target in enumerate(out):
+            if (
+                not isinstance(target, np.ndarray)
+                or target.shape != layout.shapes[i]
+                or target.dtype != dtypes[i]
+                or not target.flags.writeable
+            ):
+                raise ValueError(
+                    f"out[{i}] must be a writeable NumPy array of shape {layout.shapes[i]} and "
+                    f"dtype {dtypes[i]}; got {type(target).__name__} "
+                    f"{getattr(target, 'shape', '')} {getattr(target, 'dtype', '')}"
+                )
+        return out
+
+    @staticmethod
+    def _pack_whole(group: Any, items: list[np.ndarray]) -> np.ndarray:
+        """The group's tensors copied into one new flat wire-dtype buffer."""
+        buf = np.empty(group.total, group.wire)
+        whole = group.whole
+        if whole.tensor.size:
+            base = addresses(items)
+            addrs = base[whole.tensor] + whole.src
+            gather_bytes(buf.view(np.uint8), addrs, whole.nbytes, whole.dst)
+        return buf
+
+    def _checked(
+        self, layout: Any, opts: CommunicationOptions, what: str, make_plan: Any
+    ) -> Any:
+        """Run the MPI plan ``make_plan(check)`` after agreeing on ``layout``.
+
+        On one node the agreement is a node barrier comparing digests (and
+        the plan is told not to check); elsewhere the plan checks over MPI.
+        """
+        top = self._topo()
+        if top.nodes == 1 and top.window is not None:
+            plan = check_plan(top.window, layout.digest, layout.text, self._comm, make_plan(False))
+            return self._run_node(top.window, plan, opts, layout.text, what)
+        return self._run(make_plan(True), opts, what)
+
+    def _run_node(
+        self,
+        window: NodeWindow,
+        plan: NodePlan,
+        opts: CommunicationOptions,
+        text: str,
+        what: str | None = None,
+    ) -> Any:
+        try:
+            self._check_pending()
+        except CollectiveTimeoutError:
+            plan.close()
+            raise
+        try:
+            return run_node_plan(window, plan, opts.timeout_seconds, what or _clip(text))
+        except Mismatch:
+            window.resync()
+            drive(self._comm, self._mismatch(text), None, "the mismatch report")
+        except CollectiveTimeoutError as err:
+            self._pending = err.request
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _reduce(self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions):
+        top = self._topo()
+        impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
+        single = top.nodes == 1 and top.window is not None
+        text = layout.text
+        if impl is CI.MPI:
+            return self._checked(
+                layout, opts, _clip(text), lambda check: self._mpi_plan(items, layout, opts, check)
+            )
+        if not single:
+            self._run(self._agree(layout), opts, _clip(text))
+        hierarchical = impl is CI.HIERARCHICAL and top.nodes > 1
+        plan = allreduce_plan(top.window, layout, items, self._size, top.leaders, hierarchical)
+        return self._run_node(top.window, plan, opts, text)
+
+    def _reduce_scatter(
+        self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, bounds: list[int]
+    ) -> np.ndarray:
+        top = self._topo()
+        impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
+        group = layout.groups[0]
+        fits = group.total * group.wire.itemsize <= (top.window.slot_bytes if top.window else 0)
+        if impl is CI.SHM and top.nodes == 1 and fits:
+            plan = reduce_scatter_plan(top.window, layout, items[0], bounds, self._size)
+            return self._run_node(top.window, plan, opts, layout.text)
+        full = self._reduce(items, layout, opts)[0]
+        lo, hi = bounds[self._rank], bounds[self._rank + 1]
+        return full[lo:hi].copy()
+
+    def _mpi_plan(
+        self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, check: bool
+    ) -> Plan:
+        if check:
+            yield from self._agree(layout)
+        out = []
+        for group in layout.groups:
+            buf = self._pack_whole(group, items)
+            yield from reduce_calls(self._comm, buf, layout.op, opts.bytes_per_pack)
+            if layout.op is ReduceOp.MEAN and group.wire.kind == "f":
+                np.divide(buf, np.asarray(self._size, dtype=group.wire), out=buf)
+            out.append(buf)
+        return out
+
     def _run(self, plan: Plan, opts: CommunicationOptions, what: str) -> Any:
+        try:
+            self._check_pending()
+        except CollectiveTimeoutError:
+            plan.close()
+            raise
+        try:
+            return drive(self._comm, plan, opts.timeout_seconds, what)
+        except CollectiveTimeoutError as err:
+            self._pending = err.request
+            raise
+
+    def _check_pending(self) -> None:
+        """Refuse a new collective while a timed-out one is still pending on this rank."""
         if self._pending is not None:
             if not self._pending.done:
                 error = CollectiveTimeoutError(
@@ -384,38 +643,10 @@ class Collectives:
                     "Abort the job, or call err.request.Wait() on the earlier error first"
                 )
                 error.request = self._pending
-                plan.close()
                 raise error
             self._pending = None
-        try:
-            return drive(self._comm, plan, opts.timeout_seconds, what)
-        except CollectiveTimeoutError as err:
-            self._pending = err.request
-            raise
 
-    def _reduce_layout(
-        self, items: list[np.ndarray], op: ReduceOp, opts: CommunicationOptions
-    ) -> _Layout:
-        members: dict[np.dtype, list[tuple[int, int, int]]] = {}
-        totals: dict[np.dtype, int] = {}
-        for index, a in enumerate(items):
-            _reduce_dtypes(a.dtype, op)
-            offset = totals.get(a.dtype, 0)
-            members.setdefault(a.dtype, []).append((index, offset, a.size))
-            totals[a.dtype] = offset + a.size
-        groups = tuple(
-            _Group(
-                *_reduce_dtypes(dtype, op), _result_dtype(dtype, op), tuple(found), totals[dtype]
-            )
-            for dtype, found in members.items()
-        )
-        text = (
-            f"allreduce(op={op.name}, {describe_arrays(items)}, {_mode(opts)}, "
-            f"bytes_per_pack={opts.bytes_per_pack})"
-        )
-        return _Layout(text, signature_hash(text), groups=groups)
-
-    def _agree(self, layout: _Layout) -> Plan:
+    def _agree(self, layout: Any) -> Plan:
         """Check that every rank runs the same call; on every rank raise if not."""
         MPI = self._mpi
         flags = np.array([layout.digest, -layout.digest], dtype=np.int64)
@@ -449,50 +680,10 @@ class Collectives:
         operation = text.split("(", 1)[0]
         raise CollectiveMismatchError(mismatch_message(operation, texts))
 
-    def _allreduce_plan(
-        self, items: list[np.ndarray], op: ReduceOp, layout: _Layout, opts: CommunicationOptions
-    ) -> Plan:
+    def _allgather_plan(self, moved: np.ndarray, layout: _Simple, check: bool) -> Plan:
         MPI = self._mpi
-        yield from self._agree(layout)
-        mpi_op = MPI.MIN if op is ReduceOp.MIN else MPI.MAX if op is ReduceOp.MAX else MPI.SUM
-        is_root = self._rank == 0
-        results: list[Any] = [None] * len(items)
-        for group in layout.groups:
-            buf = np.empty(group.total, dtype=group.comm_dtype)
-            for index, offset, n in group.members:
-                buf[offset : offset + n] = items[index].reshape(-1)
-            ranges = list(_chunks(group.total, group.comm_dtype.itemsize, opts.bytes_per_pack))
-            if group.comm_dtype.kind in "biu":
-                # Exact arithmetic: Allreduce gives every rank the same bits.
-                wire = buf.view(np.uint8) if group.comm_dtype.kind == "b" else buf
-                for lo, hi in ranges:
-                    yield Call("Allreduce", (MPI.IN_PLACE, wire[lo:hi], mpi_op))
-                out = divide_mean(buf, self._size) if op is ReduceOp.MEAN else buf
-            else:
-                # Floating point: rank 0 reduces and rounds, everyone receives its bits.
-                narrow = group.wire_dtype != group.comm_dtype
-                out = np.empty(group.total, group.wire_dtype) if narrow else buf
-                for lo, hi in ranges:
-                    if is_root:
-                        yield Call("Reduce", (MPI.IN_PLACE, buf[lo:hi], mpi_op, 0))
-                        part = buf[lo:hi]
-                        if op is ReduceOp.MEAN:
-                            part = divide_mean(part, self._size)
-                        if narrow or op is ReduceOp.MEAN:
-                            out[lo:hi] = part
-                    else:
-                        yield Call("Reduce", (buf[lo:hi], None, mpi_op, 0))
-                    wire = out[lo:hi].view(np.uint16) if narrow else out[lo:hi]
-                    yield Call("Bcast", (wire, 0))
-            for index, offset, n in group.members:
-                result = out[offset : offset + n].reshape(items[index].shape)
-                wanted = group.result_dtype
-                results[index] = result if result.dtype == wanted else result.astype(wanted)
-        return results
-
-    def _allgather_plan(self, moved: np.ndarray, layout: _Layout) -> Plan:
-        MPI = self._mpi
-        yield from self._agree(layout)
+        if check:
+            yield from self._agree(layout)
         rows = np.zeros(self._size, dtype=np.int64)
         yield Call("Allgather", (np.array([moved.shape[0]], np.int64), rows))
         rest = moved.shape[1:]
@@ -507,9 +698,15 @@ class Collectives:
         return out
 
     def _broadcast_plan(
-        self, items: list[np.ndarray], root: int, layout: _Layout, opts: CommunicationOptions
+        self,
+        items: list[np.ndarray],
+        root: int,
+        layout: _Simple,
+        opts: CommunicationOptions,
+        check: bool,
     ) -> Plan:
-        yield from self._agree(layout)
+        if check:
+            yield from self._agree(layout)
         buf = _aligned_bytes(layout.total)
         views = [
             buf[o : o + a.nbytes].view(a.dtype).reshape(a.shape)
@@ -518,12 +715,14 @@ class Collectives:
         if self._rank == root:
             for view, a in zip(views, items, strict=True):
                 np.copyto(view, a)
-        for lo, hi in _chunks(layout.total, 1, opts.bytes_per_pack):
+        step = opts.bytes_per_pack or max(layout.total, 1)
+        for lo in range(0, layout.total, step):
+            hi = min(lo + step, layout.total)
             yield Call("Bcast", (buf[lo:hi], root))
         return views
 
 
-def _broadcast_layout(items: list[np.ndarray], root: int, opts: CommunicationOptions) -> _Layout:
+def _broadcast_layout(items: list[np.ndarray], root: int, opts: CommunicationOptions) -> _Simple:
     offsets = []
     total = 0
     for a in items:
@@ -533,4 +732,4 @@ def _broadcast_layout(items: list[np.ndarray], root: int, opts: CommunicationOpt
         f"broadcast(root={root}, {describe_arrays(items)}, {_mode(opts)}, "
         f"bytes_per_pack={opts.bytes_per_pack})"
     )
-    return _Layout(text, signature_hash(text), offsets=tuple(offsets), total=total)
+    return _Simple(text, signature_hash(text), offsets=tuple(offsets), total=total)

@@ -22,12 +22,17 @@ from typing import Any
 class CommunicationImplementation(enum.Enum):
     """Which transport carries a collective.
 
-    * ``AUTO``: hpcdist chooses (today always MPI).
+    * ``AUTO``: hpcdist chooses by message size and topology (see
+      :mod:`hpcdist.collectives.choice`); the environment variable
+      ``HPCDIST_COLLECTIVES`` (``mpi``, ``shm``, ``hierarchical``) overrides
+      the choice for every call that asks for AUTO.
     * ``RING``: MPI's own allreduce algorithms on the CPU (TF's name for its CPU path).
     * ``NCCL``: NCCL between GPUs (the GPU issue; falls back to MPI until then).
     * ``MPI``: MPI collectives, explicitly.
-    * ``SHM``: node shared memory plus MPI between nodes (the collectives-engine
-      issue; falls back to MPI until then).
+    * ``SHM``: an MPI-3 shared-memory window on each node; ranks on several
+      nodes run it as ``HIERARCHICAL``.
+    * ``HIERARCHICAL``: shared memory inside each node, MPI between one leader
+      rank per node, then shared memory again to spread the result.
 
     Example:
         >>> CommunicationImplementation.from_any("nccl") is CommunicationImplementation.NCCL
@@ -39,6 +44,7 @@ class CommunicationImplementation(enum.Enum):
     NCCL = "NCCL"
     MPI = "MPI"
     SHM = "SHM"
+    HIERARCHICAL = "HIERARCHICAL"
 
     @classmethod
     def from_any(cls, value: Any) -> CommunicationImplementation:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hpcdist.collectives import Collectives, CommunicationOptions, ReduceOp
+from hpcdist.collectives.engine import _Topology
 from hpcdist.errors import CollectiveTimeoutError, HpcdistError
 from hpcdist.runtime import mpi, world
 
@@ -89,6 +90,13 @@ class FakePeerComm:
             return None
 
         return call
+
+
+def _over_fake(comm, options=None) -> Collectives:
+    """An engine on a fake 2-rank communicator, told it has one rank per node (the MPI path)."""
+    c = Collectives(comm, options)
+    c._topology = _Topology(nodes=2, largest_node=1, window=None, leaders=None, node_rank=0)
+    return c
 
 
 @pytest.fixture(params=["default", "self", "no-traffic"])
@@ -252,11 +260,15 @@ def test_gpu_inputs_come_back_as_gpu_arrays_on_their_device(monkeypatch):
 
 def test_blocking_mode_checks_metadata_then_uses_blocking_calls():
     comm = FakePeerComm()
-    c = Collectives(comm)
-    out = c.allreduce([np.arange(5.0), np.arange(3)], "SUM")
+    c = _over_fake(comm)
+    out = c.allreduce([np.arange(5.0), np.arange(3)], "MAX")
     # One nonblocking metadata check, then floats via Reduce + Bcast, integers via Allreduce.
     assert comm.calls == ["Iallreduce", "Reduce", "Bcast", "Allreduce"]
     np.testing.assert_array_equal(out[0], np.arange(5.0))  # the fake peer adds nothing
+    comm.calls.clear()
+    # A floating sum over two ranks is commutative, so Allreduce gives both the same bits.
+    c.allreduce([np.arange(5.0), np.arange(3)], "SUM")
+    assert comm.calls == ["Iallreduce", "Allreduce", "Allreduce"]
     comm.calls.clear()
     c.broadcast([np.ones(3), np.ones(2, np.int8)], root=1)
     assert comm.calls == ["Iallreduce", "Bcast"]  # every dtype in one byte buffer
@@ -267,17 +279,16 @@ def test_blocking_mode_checks_metadata_then_uses_blocking_calls():
 
 def test_float16_travels_as_float32_and_comes_back_as_float16():
     comm = FakePeerComm()
-    out = Collectives(comm).allreduce([np.array([1.5, -2.0], np.float16)], "MEAN")
-    reduce_args, bcast_args = comm.args[1], comm.args[2]
-    assert reduce_args[1].dtype == np.float32  # rank 0 reduces in place in float32
-    assert bcast_args[0].dtype == np.uint16  # and broadcasts the float16 bits
+    out = _over_fake(comm).allreduce([np.array([1.5, -2.0], np.float16)], "MEAN")
+    assert comm.calls == ["Iallreduce", "Allreduce"]
+    assert comm.args[1][1].dtype == np.float32  # reduced in place in float32
     assert out[0].dtype == np.float16
     np.testing.assert_array_equal(out[0], np.array([0.75, -1.0], np.float16))
 
 
 def test_bytes_per_pack_splits_the_fused_buffer():
     comm = FakePeerComm()
-    c = Collectives(comm, CommunicationOptions(bytes_per_pack=16))
+    c = _over_fake(comm, CommunicationOptions(bytes_per_pack=16))
     c.allreduce([np.ones(3), np.ones(2)], "MAX")  # 5 float64 = 40 bytes -> 3 packs
     assert comm.calls == ["Iallreduce"] + ["Reduce", "Bcast"] * 3
     assert [len(a[1]) for a in comm.args[1::2]] == [2, 2, 1]
@@ -285,9 +296,9 @@ def test_bytes_per_pack_splits_the_fused_buffer():
 
 def test_timeout_mode_uses_nonblocking_calls():
     comm = FakePeerComm()
-    c = Collectives(comm)
+    c = _over_fake(comm)
     tensors = [np.ones(4, np.float32), np.ones(2, np.int64)]
-    c.allreduce(tensors, "SUM", CommunicationOptions(timeout_seconds=5))
+    c.allreduce(tensors, "MIN", CommunicationOptions(timeout_seconds=5))
     assert comm.calls == ["Iallreduce", "Ireduce", "Ibcast", "Iallreduce"]
     comm.calls.clear()
     c.broadcast(tensors, options=CommunicationOptions(timeout_seconds=5))
@@ -297,17 +308,17 @@ def test_timeout_mode_uses_nonblocking_calls():
 
 def test_timeout_raises_keeps_the_request_and_blocks_new_calls():
     comm = FakePeerComm(released=False)
-    c = Collectives(comm, CommunicationOptions(timeout_seconds=60))
+    c = _over_fake(comm, CommunicationOptions(timeout_seconds=60))
     x = np.arange(5, dtype=np.float32)
     start = time.monotonic()
     with pytest.raises(CollectiveTimeoutError) as info:
-        c.allreduce([x], "SUM", CommunicationOptions(timeout_seconds=0.2))
+        c.allreduce([x], "MAX", CommunicationOptions(timeout_seconds=0.2))
     elapsed = time.monotonic() - start
     err = info.value
     assert isinstance(err, TimeoutError) and isinstance(err, HpcdistError)
     assert 0.2 <= elapsed < 2.0
     message = str(err)
-    assert message.startswith("allreduce(op=SUM, [float32(5,)]")
+    assert message.startswith("allreduce(op=MAX, [float32(5,)]")
     assert "0.2 s" in message and "abort" in message.lower()
     # The waiting rank sleeps between tests (50 us up to 10 ms) instead of spinning.
     assert comm.tests < 200
@@ -328,7 +339,7 @@ def test_timeout_raises_keeps_the_request_and_blocks_new_calls():
 
 def test_pending_collective_progresses_with_test():
     comm = FakePeerComm(released=False)
-    c = Collectives(comm, CommunicationOptions(timeout_seconds=0.05))
+    c = _over_fake(comm, CommunicationOptions(timeout_seconds=0.05))
     with pytest.raises(CollectiveTimeoutError) as info:
         c.broadcast([np.arange(3)])
     comm.released = True

@@ -1,0 +1,92 @@
+"""Which backend runs a collective: AUTO's rule, the override variable and bucket sizes.
+
+AUTO, on the topology of the engine's communicator:
+
+* one rank: no communication;
+* all ranks on one node: ``shm`` (the shared window is faster than MPI at
+  every size measured here, see ``benchmarks/results/allreduce.json``);
+* several nodes, some with more than one rank: ``hierarchical``;
+* one rank per node: ``mpi``.
+
+``HPCDIST_COLLECTIVES=mpi|shm|hierarchical|auto`` replaces AUTO for every
+call that asks for AUTO; an explicit ``CommunicationOptions(implementation=...)``
+wins over it. ``RING`` is MPI's own algorithms; ``NCCL`` runs on MPI until the
+GPU path exists. ``HPCDIST_SHM_SLOT_BYTES`` sets the size of a shared slot.
+
+Example:
+    >>> from hpcdist.collectives.options import CommunicationImplementation as CI
+    >>> choose(CI.AUTO, nodes=1, ranks=2, largest_node=2, environ={}).name
+    'SHM'
+    >>> choose(CI.AUTO, nodes=1, ranks=2, largest_node=2,
+    ...        environ={"HPCDIST_COLLECTIVES": "mpi"}).name
+    'MPI'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from hpcdist.collectives.options import CommunicationImplementation as CI
+
+ENV_VAR = "HPCDIST_COLLECTIVES"
+SLOT_VAR = "HPCDIST_SHM_SLOT_BYTES"
+#: Default bucket (and shared slot) size, chosen with ``hpcdist bench allreduce``.
+DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
+#: Total shared memory the two sets of slots of one node may take by default.
+WINDOW_BUDGET_BYTES = 512 * 1024 * 1024
+MIN_SLOT_BYTES = 64 * 1024
+
+
+def env_implementation(environ: Mapping[str, str] | None = None) -> CI:
+    """The implementation ``HPCDIST_COLLECTIVES`` asks for (AUTO when unset).
+
+    Example: ``env_implementation({"HPCDIST_COLLECTIVES": "shm"})`` is ``SHM``.
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(ENV_VAR, "").strip()
+    if not text:
+        return CI.AUTO
+    try:
+        return CI.from_any(text)
+    except ValueError:
+        names = ", ".join(m.lower() for m in CI.__members__)
+        raise ValueError(
+            f"{ENV_VAR}={text!r} is not an implementation; expected one of {names}"
+        ) from None
+
+
+def slot_bytes(local_size: int, environ: Mapping[str, str] | None = None) -> int:
+    """Bytes of one shared slot on a node of ``local_size`` ranks.
+
+    ``DEFAULT_BUCKET_BYTES``, made smaller on nodes with many ranks so the
+    window stays within ``WINDOW_BUDGET_BYTES``. Example: ``slot_bytes(2)``.
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(SLOT_VAR, "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 4096:
+            raise ValueError(f"{SLOT_VAR}={text!r}; expected a number of bytes >= 4096")
+        return int(text)
+    fit = WINDOW_BUDGET_BYTES // (2 * (local_size + 1))
+    return max(MIN_SLOT_BYTES, min(DEFAULT_BUCKET_BYTES, fit))
+
+
+def choose(
+    asked: CI, nodes: int, ranks: int, largest_node: int, environ: Mapping[str, str] | None = None
+) -> CI:
+    """The backend for a call that asked for ``asked``: MPI, SHM or HIERARCHICAL.
+
+    Example: ``choose(CI.AUTO, nodes=2, ranks=4, largest_node=2)`` is HIERARCHICAL.
+    """
+    if asked is CI.AUTO:
+        asked = env_implementation(environ)
+    if asked in (CI.MPI, CI.RING, CI.NCCL) or ranks == 1:
+        return CI.MPI
+    if asked is CI.AUTO:
+        if nodes == 1:
+            return CI.SHM
+        return CI.HIERARCHICAL if largest_node > 1 else CI.MPI
+    if nodes > 1:
+        return CI.HIERARCHICAL  # SHM across nodes means shm inside each node
+    return CI.SHM

@@ -1,0 +1,204 @@
+"""Fusion: how a list of tensors is packed into per-dtype buffers and cut into buckets.
+
+A reduction of many tensors runs on one flat buffer per dtype (a *group*).
+Each group is cut into *buckets* of at most ``bucket_bytes``; a bucket is
+what moves through a shared-memory slot or one MPI message. For every bucket
+the layout keeps a copy table — which tensor, from which byte, how many
+bytes, to which byte of the bucket — so packing a bucket is one call of
+:func:`hpcdist.kernels.gather_bytes` over raw addresses, whatever the
+number of tensors. Layouts are built once per tensor list (shapes, dtypes,
+op, options) and cached by the engine.
+
+Booleans travel as ``uint8`` (MIN/MAX are AND/OR), complex numbers as pairs
+of floats (SUM/MEAN act on each part), ``float16`` as itself (the kernels
+accumulate it in ``float32``).
+
+Example:
+    >>> import numpy as np
+    >>> from hpcdist.collectives.ops import ReduceOp
+    >>> lay = build_layout([np.zeros(3, np.float32), np.zeros((2, 2), np.float32)],
+    ...                    ReduceOp.SUM, bucket_bytes=16, text="demo")
+    >>> [(g.wire.name, g.total, len(g.buckets)) for g in lay.groups]
+    [('float32', 7, 2)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from hpcdist.collectives.metadata import signature_hash
+from hpcdist.collectives.ops import ReduceOp, divide_mean
+
+OP_CODES = {ReduceOp.SUM: 0, ReduceOp.MEAN: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3}
+ALIGN = 64  # bucket boundaries fall on multiples of this many bytes
+
+
+class Bucket(NamedTuple):
+    """One bucket: elements ``[lo, hi)`` of its group and the copy table that fills it."""
+
+    lo: int
+    hi: int
+    tensor: np.ndarray  # int64: index into the call's tensors of each piece
+    src: np.ndarray  # int64: byte offset of the piece inside its tensor
+    nbytes: np.ndarray  # int64: bytes of the piece
+    dst: np.ndarray  # int64: byte offset of the piece inside the bucket
+
+
+class Group(NamedTuple):
+    """The tensors of one dtype, fused into ``total`` elements of ``wire`` dtype."""
+
+    dtype: np.dtype  # the tensors' dtype
+    wire: np.dtype  # the dtype the kernels and MPI see
+    result: np.dtype  # the dtype of the results (MEAN of integers: float64)
+    members: tuple[tuple[int, int, int], ...]  # (tensor index, first wire element, elements)
+    total: int
+    buckets: tuple[Bucket, ...]
+    whole: Bucket  # the copy table of the whole group as one bucket
+
+
+class Layout(NamedTuple):
+    """Everything about one call that does not change between steps."""
+
+    text: str  # readable signature, compared across ranks on a mismatch
+    digest: int  # its 63-bit hash
+    op: ReduceOp
+    groups: tuple[Group, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    nbytes: int  # bytes of all tensors together
+
+
+def wire_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
+    """The dtype a tensor of ``dtype`` is reduced as; raises ``TypeError`` if ``op`` cannot apply.
+
+    Example: ``wire_dtype(np.dtype(np.complex64), ReduceOp.SUM) == np.float32``.
+    """
+    kind, size = dtype.kind, dtype.itemsize
+    if kind == "b":
+        if op in (ReduceOp.SUM, ReduceOp.MEAN):
+            raise TypeError(
+                f"allreduce {op.name} of boolean arrays is not defined; cast to an integer "
+                "dtype first, or use MIN (all) or MAX (any)"
+            )
+        return np.dtype(np.uint8)
+    if kind == "c":
+        if op in (ReduceOp.MIN, ReduceOp.MAX):
+            raise TypeError(
+                f"allreduce {op.name} of complex arrays is not defined; use SUM or MEAN"
+            )
+        if size in (8, 16):
+            return np.dtype(f"f{size // 2}")
+    if kind in "iu" and size in (1, 2, 4, 8):
+        return dtype.newbyteorder("=")
+    if kind == "f" and size in (2, 4, 8):
+        return dtype.newbyteorder("=")
+    raise TypeError(
+        f"allreduce of {dtype} arrays is not supported; use bool, (u)int8-64, float16, "
+        "float32, float64, complex64 or complex128"
+    )
+
+
+def result_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
+    """The inputs' dtype; for MEAN of integers float64 (as :func:`divide_mean`).
+
+    Example: ``result_dtype(np.dtype(np.int32), ReduceOp.MEAN) == np.float64``.
+    """
+    if op is ReduceOp.MEAN:
+        return divide_mean(np.zeros(0, dtype), 1).dtype
+    return dtype
+
+
+def _table(pieces: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, ...]:
+    if not pieces:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty, empty
+    cols = np.array(pieces, dtype=np.int64).T
+    return cols[0].copy(), cols[1].copy(), cols[2].copy(), cols[3].copy()
+
+
+def _buckets(
+    members: Sequence[tuple[int, int, int]], total: int, itemsize: int, bucket_bytes: int
+) -> tuple[Bucket, ...]:
+    """Cut ``[0, total)`` into buckets of at most ``bucket_bytes`` and split tensors across them."""
+    step = max(ALIGN, bucket_bytes // ALIGN * ALIGN) // itemsize if bucket_bytes > 0 else total
+    step = max(step, 1)
+    out: list[Bucket] = []
+    for lo in range(0, total, step):
+        hi = min(lo + step, total)
+        pieces = []
+        for index, first, count in members:
+            a, b = max(lo, first), min(hi, first + count)
+            if a < b:
+                pieces.append(
+                    (index, (a - first) * itemsize, (b - a) * itemsize, (a - lo) * itemsize)
+                )
+        out.append(Bucket(lo, hi, *_table(pieces)))
+    return tuple(out)
+
+
+def build_layout(
+    items: Sequence[np.ndarray], op: ReduceOp, bucket_bytes: int, text: str
+) -> Layout:
+    """The layout of reducing ``items`` with ``op`` in buckets of ``bucket_bytes`` (0: one).
+
+    ``text`` is the call's signature line. Example: see the module docstring.
+    """
+    order: dict[np.dtype, list[tuple[int, int, int]]] = {}
+    totals: dict[np.dtype, int] = {}
+    wires: dict[np.dtype, np.dtype] = {}
+    for index, a in enumerate(items):
+        wire = wires.get(a.dtype)
+        if wire is None:
+            wire = wires[a.dtype] = wire_dtype(a.dtype, op)
+        count = a.size * (a.dtype.itemsize // wire.itemsize)
+        first = totals.get(a.dtype, 0)
+        order.setdefault(a.dtype, []).append((index, first, count))
+        totals[a.dtype] = first + count
+    groups = []
+    for dtype, members in order.items():
+        wire, total = wires[dtype], totals[dtype]
+        whole = _buckets(members, total, wire.itemsize, 0)
+        groups.append(
+            Group(
+                dtype=dtype,
+                wire=wire,
+                result=result_dtype(dtype, op),
+                members=tuple(members),
+                total=total,
+                buckets=_buckets(members, total, wire.itemsize, bucket_bytes),
+                whole=whole[0] if whole else Bucket(0, 0, *_table([])),
+            )
+        )
+    return Layout(
+        text=text,
+        digest=signature_hash(text),
+        op=op,
+        groups=tuple(groups),
+        shapes=tuple(a.shape for a in items),
+        nbytes=sum(a.nbytes for a in items),
+    )
+
+
+def addresses(items: Sequence[np.ndarray]) -> np.ndarray:
+    """The data address of each (C-contiguous) array, as int64.
+
+    Example: ``addresses([x])[0] == x.ctypes.data``.
+    """
+    return np.fromiter(
+        (a.__array_interface__["data"][0] for a in items), dtype=np.int64, count=len(items)
+    )
+
+
+def unfuse(group: Group, fused: np.ndarray, shapes: Sequence[tuple[int, ...]], out: list) -> None:
+    """Put views of the reduced group buffer ``fused`` (wire dtype) into ``out`` by tensor index.
+
+    Example: after reducing, ``unfuse(g, buf, layout.shapes, results)``.
+    """
+    view = fused.view(group.dtype) if group.wire != group.dtype else fused
+    ratio = group.dtype.itemsize // group.wire.itemsize if group.wire != group.dtype else 1
+    for index, first, count in group.members:
+        lo = first // ratio
+        piece = view[lo : lo + count // ratio].reshape(shapes[index])
+        out[index] = piece

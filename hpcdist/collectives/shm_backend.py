@@ -1,0 +1,298 @@
+"""Allreduce and reduce-scatter through a node's shared window (and MPI between nodes).
+
+Per bucket of a fused group, on the window's next set ``s``:
+
+1. every rank packs its tensors' bytes for the bucket into its own slot
+   (:func:`hpcdist.kernels.gather_bytes`, one call for all pieces);
+2. barrier, which also compares the digest of the call across the node;
+3. *small* buckets: every rank reduces the whole bucket from all slots,
+   in rank order, straight into its result buffer — one barrier in all;
+   *large* buckets: rank ``r`` reduces chunk ``r`` into the set's result
+   area (reduce-scatter), barrier, then every rank copies the result out;
+4. ``hierarchical``: after the reduce-scatter, the node's leader reduces the
+   node's sums with the other leaders over MPI in place, and a third barrier
+   releases the node.
+
+Every element is summed in one place in rank order, so all ranks receive
+the same bits, run after run. Sets alternate between buckets: a rank can
+only reuse a set once every rank has passed the barrier after its last use.
+
+Each algorithm is a *node plan* (a generator that yields the barriers to
+wait at and the leaders' MPI steps), run by :func:`run_node_plan`, so a
+timed-out call can still be finished later, like an MPI one.
+
+Example:
+    ``run_node_plan(window, allreduce_plan(window, layout, items, n), None, "allreduce")``
+    is what :class:`hpcdist.collectives.Collectives` runs for ``SHM``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from hpcdist.collectives.fusion import OP_CODES, Layout, addresses
+from hpcdist.collectives.mpi_backend import PendingCollective, Plan, drive
+from hpcdist.collectives.mpi_reduce import reduce_calls
+from hpcdist.collectives.ops import ReduceOp
+from hpcdist.collectives.shm import ALIGN, NodeWindow
+from hpcdist.errors import CollectiveTimeoutError
+from hpcdist.kernels import gather_bytes, reduce_slots
+
+#: Buckets up to this many bytes are reduced whole by every rank (one barrier).
+SMALL_BUCKET_BYTES = 64 * 1024
+
+
+class Mismatch(Exception):
+    """Raised inside the backend when the node's ranks passed different calls."""
+
+
+class MpiStep(NamedTuple):
+    """A step of a node plan: run an MPI plan on ``comm``; its result is sent back."""
+
+    comm: Any
+    plan: Plan
+
+
+#: A node plan: a generator that yields barrier sequence numbers to wait for
+#: (``int``) or :class:`MpiStep` records (``result = yield MpiStep(...)``),
+#: and returns its result.
+NodePlan = Generator[Any, None, Any]
+
+
+def _timeout_error(what: str, timeout: float | None, detail: str) -> CollectiveTimeoutError:
+    return CollectiveTimeoutError(
+        f"{what} did not complete within {timeout} s on this rank ({detail}): some rank has "
+        "not joined it (it may have hung, crashed or skipped the call). A collective cannot "
+        "be cancelled, so abort the job. Only if every rank is known to join eventually, "
+        "call err.request.Wait() before the next collective"
+    )
+
+
+class PendingNodeCollective:
+    """A node collective that timed out on this rank and may still complete.
+
+    ``Wait()`` finishes it (blocking) and returns its result; ``Test()``
+    makes progress without blocking. Example: ``err.request.Wait()``.
+    """
+
+    def __init__(self, window: NodeWindow, plan: NodePlan, step: Any, what: str) -> None:
+        self._window = window
+        self._plan: NodePlan | None = plan
+        self._step = step  # the barrier seq or the pending MPI collective it stopped at
+        self.what = what
+        self.result: Any = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the collective has completed on this rank."""
+        return self._plan is None
+
+    def _step_done(self, block: bool) -> bool:
+        step = self._step
+        if isinstance(step, int):
+            return self._window.wait(step, None if block else 0.0)
+        if block:
+            step.Wait()
+            return True
+        return step.Test()
+
+    def _finish(self, block: bool) -> bool:
+        while self._plan is not None:
+            if not self._step_done(block):
+                return False
+            sent = None if isinstance(self._step, int) else self._step.result
+            try:
+                self._step, value = _advance(self._plan, sent)
+            except BaseException:
+                self._plan = None
+                raise
+            if self._step is None:
+                self._plan, self.result = None, value
+            elif isinstance(self._step, MpiStep):
+                self._step = PendingCollective(self._step.comm, self._step.plan, _Done(), self.what)
+        return True
+
+    def Test(self) -> bool:
+        """Progress without blocking; ``True`` once complete."""
+        return self._finish(block=False)
+
+    def Wait(self) -> Any:
+        """Block until complete on this rank; return the result."""
+        self._finish(block=True)
+        return self.result
+
+    def __repr__(self) -> str:
+        return f"PendingNodeCollective({self.what}, done={self.done})"
+
+
+def _advance(plan: NodePlan, sent: Any = None) -> tuple[Any, Any]:
+    try:
+        return plan.send(sent), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
+class _Done:
+    """A request that is already complete: resuming an MPI plan that has not started."""
+
+    def Test(self) -> bool:
+        return True
+
+    def Wait(self) -> None:
+        return None
+
+
+def run_node_plan(
+    window: NodeWindow, plan: NodePlan, timeout: float | None, what: str
+) -> Any:
+    """Run ``plan``: wait at its barriers and run its leaders' steps, within ``timeout`` s.
+
+    On a timeout raise :class:`~hpcdist.errors.CollectiveTimeoutError`
+    whose ``request`` (:class:`PendingNodeCollective`) can finish the call.
+    Example: ``run_node_plan(w, allreduce_plan(...), None, "allreduce")``.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    step, value = _advance(plan)
+    while step is not None:
+        sent = None
+        if isinstance(step, int):
+            if not window.wait(step, deadline):
+                error = _timeout_error(
+                    what, timeout, f"at a node barrier, local ranks {window.missing(step)} late"
+                )
+                error.request = PendingNodeCollective(window, plan, step, what)
+                raise error
+        else:
+            left = None if deadline is None else max(1e-6, deadline - time.monotonic())
+            try:
+                sent = drive(step.comm, step.plan, left, what)
+            except CollectiveTimeoutError as err:
+                error = _timeout_error(what, timeout, "in an MPI step")
+                error.request = PendingNodeCollective(window, plan, err.request, what)
+                raise error from None
+        step, value = _advance(plan, sent)
+    return value
+
+
+def _chunk(m: int, n: int, itemsize: int) -> int:
+    """Elements per rank in a reduce-scatter of ``m`` elements, rounded up to 64 bytes."""
+    per = -(-m // n)
+    unit = max(1, ALIGN // itemsize)
+    return -(-per // unit) * unit
+
+
+def _code(op: ReduceOp, wire: np.dtype, hierarchical: bool) -> int:
+    """The kernel op code: MEAN sums first for integers (divided by the engine) and
+    for the hierarchical path (divided once, after the leaders' sum)."""
+    if op is ReduceOp.MEAN and (hierarchical or wire.kind != "f"):
+        return OP_CODES[ReduceOp.SUM]
+    return OP_CODES[op]
+
+
+def allreduce_plan(
+    window: NodeWindow,
+    layout: Layout,
+    items: Sequence[np.ndarray],
+    divisor: int,
+    leaders: Any = None,
+    hierarchical: bool = False,
+) -> NodePlan:
+    """The node plan reducing ``items`` (C-contiguous host arrays) across the node.
+
+    With ``hierarchical``, node sums are combined between node leaders
+    (``leaders``: their communicator on a leader, ``None`` elsewhere).
+    Returns one fused wire-dtype buffer per group of ``layout``; ``divisor``
+    divides MEAN sums. Raises :class:`Mismatch` on every rank of the node
+    when their digests differ. Example: see the module docstring.
+    """
+    me, n = window.rank, window.size
+    base = addresses(items)
+    first = True
+    out: list[np.ndarray] = []
+    digest = layout.digest
+    for group in layout.groups:
+        fused = np.empty(group.total, group.wire)
+        wire = group.wire
+        code = _code(layout.op, wire, hierarchical)
+        for bucket in group.buckets:
+            which = window.next_set()
+            if bucket.tensor.size:
+                addrs = base[bucket.tensor] + bucket.src
+                gather_bytes(window.slots(which)[me], addrs, bucket.nbytes, bucket.dst)
+            seq = window.arrive(digest)
+            yield seq
+            if first and not window.agreed(seq, digest):
+                raise Mismatch(layout.text)
+            first = False
+            m = bucket.hi - bucket.lo
+            typed = window.slots(which, wire)
+            if not hierarchical and m * wire.itemsize <= SMALL_BUCKET_BYTES:
+                reduce_slots(typed, 0, m, fused, bucket.lo, code, divisor)
+                continue
+            result = window.result(which, wire)
+            step = _chunk(m, n, wire.itemsize)
+            lo, hi = me * step, min(m, (me + 1) * step)
+            if lo < hi:
+                reduce_slots(typed, lo, hi, result, lo, code, divisor)
+            yield window.arrive(digest)
+            if hierarchical:
+                if leaders is not None:
+                    yield MpiStep(leaders, reduce_calls(leaders, result[:m], layout.op, 0))
+                yield window.arrive(digest)
+            np.copyto(fused[bucket.lo : bucket.hi], result[:m])
+        if hierarchical and layout.op is ReduceOp.MEAN and wire.kind == "f":
+            np.divide(fused, np.asarray(divisor, dtype=wire), out=fused)
+        out.append(fused)
+    return out
+
+
+def reduce_scatter_plan(
+    window: NodeWindow, layout: Layout, item: np.ndarray, bounds: Sequence[int], divisor: int
+) -> NodePlan:
+    """This rank's block ``[bounds[me], bounds[me+1])`` (wire elements) of the node's reduction.
+
+    One group, one bucket (the caller checks that the tensor fits a slot):
+    pack, one barrier, reduce only the own block. Example: see the engine.
+    """
+    me = window.rank
+    group = layout.groups[0]
+    bucket = group.buckets[0] if group.buckets else None
+    which = window.next_set()
+    if bucket is not None and bucket.tensor.size:
+        base = addresses([item])
+        gather_bytes(
+            window.slots(which)[me], base[bucket.tensor] + bucket.src, bucket.nbytes, bucket.dst
+        )
+    seq = window.arrive(layout.digest)
+    yield seq
+    if not window.agreed(seq, layout.digest):
+        raise Mismatch(layout.text)
+    lo, hi = bounds[me], bounds[me + 1]
+    out = np.empty(hi - lo, group.wire)
+    if hi > lo:
+        code = _code(layout.op, group.wire, False)
+        reduce_slots(window.slots(which, group.wire), lo, hi, out, 0, code, divisor)
+    return out
+
+
+def check_plan(
+    window: NodeWindow, digest: int, text: str, comm: Any = None, then: Plan | None = None
+) -> NodePlan:
+    """A node barrier that checks every rank passed ``digest`` (else :class:`Mismatch`),
+    then, if given, the MPI plan ``then`` on ``comm``, whose result it returns.
+
+    Example: ``run_node_plan(w, check_plan(w, h, text), None, text)``.
+    """
+    seq = window.arrive(digest)
+    yield seq
+    if not window.agreed(seq, digest):
+        if then is not None:
+            then.close()
+        raise Mismatch(text)
+    if then is not None:
+        return (yield MpiStep(comm, then))
+    return None
