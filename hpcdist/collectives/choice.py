@@ -6,7 +6,7 @@ AUTO, on the topology of the engine's communicator:
 * all ranks on one node: ``shm`` (the shared window is faster than MPI at
   every size measured here, see ``benchmarks/results/allreduce.json``);
 * several nodes, some with more than one rank: ``hierarchical``;
-* one rank per node: ``mpi``.
+* one rank per node: ``mpi`` (also when SHM or HIERARCHICAL is asked for).
 
 ``HPCDIST_COLLECTIVES=mpi|shm|hierarchical|auto`` replaces AUTO for every
 call that asks for AUTO; an explicit ``CommunicationOptions(implementation=...)``
@@ -81,8 +81,8 @@ def choose(
     """
     if asked is CI.AUTO:
         asked = env_implementation(environ)
-    if asked in (CI.MPI, CI.RING, CI.NCCL) or ranks == 1:
-        return CI.MPI
+    if asked in (CI.MPI, CI.RING, CI.NCCL) or ranks == 1 or largest_node == 1:
+        return CI.MPI  # (one rank per node: nothing to share memory with)
     if asked is CI.AUTO:
         if nodes == 1:
             return CI.SHM

@@ -57,6 +57,7 @@ from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
 from hpcdist.collectives.shm_backend import (
     Mismatch,
+    MpiStep,
     NodePlan,
     allreduce_plan,
     check_plan,
@@ -335,8 +336,8 @@ class Collectives:
             x.dtype.itemsize // group.wire.itemsize
         )
         bounds = _split_bounds(x.shape[0], self._size, row)
-        lo, hi = bounds[self._rank], bounds[self._rank + 1]
-        block_shape = ((hi - lo) // row if row else 0, *x.shape[1:])
+        rows = x.shape[0] // self._size + (1 if self._rank < x.shape[0] % self._size else 0)
+        block_shape = (rows, *x.shape[1:])
         if self._size == 1:
             buf = self._pack_whole(group, items)
         else:
@@ -459,12 +460,14 @@ class Collectives:
         """The node layout of the communicator (collective on the first call)."""
         if self._topology is None:
             comm = self._comm
-            node = node_comm_of(comm)
+            node, host_ranks = node_comm_of(comm)
             local_rank, local_size = node.Get_rank(), node.Get_size()
             counts = comm.allgather(local_size if local_rank == 0 else 0)
             nodes = sum(1 for c in counts if c)
             largest = max(counts)
-            window = shared_window(node, choice.slot_bytes(largest)) if largest > 1 else None
+            window = None
+            if largest > 1:
+                window = shared_window(node, choice.slot_bytes(largest), host_ranks)
             leaders = None
             if nodes > 1:
                 MPI = self._mpi
@@ -587,10 +590,11 @@ class Collectives:
             return self._checked(
                 layout, opts, _clip(text), lambda check: self._mpi_plan(items, layout, opts, check)
             )
-        if not single:
-            self._run(self._agree(layout), opts, _clip(text))
+        check = None if single else MpiStep(self._comm, self._agree(layout))
         hierarchical = impl is CI.HIERARCHICAL and top.nodes > 1
-        plan = allreduce_plan(top.window, layout, items, self._size, top.leaders, hierarchical)
+        plan = allreduce_plan(
+            top.window, layout, items, self._size, top.leaders, hierarchical, check
+        )
         return self._run_node(top.window, plan, opts, text)
 
     def _reduce_scatter(

@@ -38,7 +38,8 @@ from hpcdist.kernels import atomic_store, wait_all
 LINE = 64  # bytes of one rank's flag line (a cache line)
 LINE_WORDS = LINE // 8
 ALIGN = 64  # byte alignment of slots
-SPINS = 4000  # spin iterations between two checks of the clock / yields
+SPINS = 1000  # spin iterations (~30 ns each) before a waiting rank starts to yield the CPU
+SPINS_BETWEEN_YIELDS = 200
 
 
 def _aligned(nbytes: int) -> int:
@@ -60,12 +61,14 @@ class NodeWindow:
             ``Split_type(COMM_TYPE_SHARED)``). Creating the window is
             collective over it.
         slot_bytes: bytes of each slot and result area (rounded up to 64).
+        host_ranks: ranks on this host (default: the node's); when they
+            outnumber the cores, waiting ranks yield the CPU almost at once.
 
     Example: ``NodeWindow(node_comm, 1 << 22).barrier(digest)`` returns
     ``True`` when every rank passed ``digest``.
     """
 
-    def __init__(self, node_comm: Any, slot_bytes: int) -> None:
+    def __init__(self, node_comm: Any, slot_bytes: int, host_ranks: int | None = None) -> None:
         from hpcdist.runtime import mpi
 
         MPI = mpi()
@@ -86,7 +89,7 @@ class NodeWindow:
         self._data = raw[n * LINE :]
         self._seq = 0
         self._sets = 0
-        self._oversubscribed = n > _cores()
+        self._oversubscribed = (host_ranks or n) > _cores()
         if self.rank == 0:
             self.flags[:] = 0
         node_comm.Barrier()
@@ -160,23 +163,24 @@ class NodeWindow:
     def wait(self, seq: int, deadline: float | None) -> bool:
         """Wait until every rank arrived at barrier ``seq``; ``False`` if ``deadline`` passed first.
 
-        ``deadline`` is a ``time.monotonic()`` value (``None``: wait for ever).
+        Spins briefly (the common case: the others are a few microseconds
+        away), then yields the CPU between short spins, so ranks that share
+        cores with others still make progress. ``deadline`` is a
+        ``time.monotonic()`` value (``None``: wait for ever).
         Example: ``w.wait(w.arrive(h), time.monotonic() + 30)``.
         """
         flags, n = self.flags, self.size
-        spins = 64 if self._oversubscribed else SPINS
-        if wait_all(flags, 0, n, LINE_WORDS, seq, spins):
+        burst = 32 if self._oversubscribed else SPINS
+        if wait_all(flags, 0, n, LINE_WORDS, seq, burst):
             return True
-        start = time.monotonic()
-        while not wait_all(flags, 0, n, LINE_WORDS, seq, spins):
-            now = time.monotonic()
-            if deadline is not None and now > deadline:
+        between = 16 if self._oversubscribed else SPINS_BETWEEN_YIELDS
+        yield_cpu, clock = os.sched_yield, time.monotonic
+        while True:
+            yield_cpu()
+            if wait_all(flags, 0, n, LINE_WORDS, seq, between):
+                return True
+            if deadline is not None and clock() > deadline:
                 return False
-            if self._oversubscribed:
-                os.sched_yield()
-            elif now - start > 0.001:
-                time.sleep(0)
-        return True
 
     def barrier(self, digest: int) -> bool:
         """Arrive and wait (no deadline); ``True`` if every rank passed ``digest``.
@@ -193,25 +197,27 @@ class NodeWindow:
 _WINDOWS: dict[tuple[Any, ...], NodeWindow] = {}
 
 
-def node_comm_of(comm: Any) -> Any:
-    """The ranks of ``comm`` on this rank's node (virtual nodes included), as a new communicator.
+def node_comm_of(comm: Any) -> tuple[Any, int]:
+    """The ranks of ``comm`` on this rank's node (virtual nodes included), as a new
+    communicator, and the number of ranks of ``comm`` on this host.
 
-    Collective over ``comm``. Example: ``node_comm_of(MPI.COMM_WORLD).Get_size()``.
+    Collective over ``comm``. Example: ``node, host_ranks = node_comm_of(MPI.COMM_WORLD)``.
     """
     from hpcdist.runtime import mpi, world
 
     MPI = mpi()
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    host_ranks = shared.Get_size()
     w = world()
     if w.node_count > 1:
         # Virtual nodes (HPCDIST_VIRTUAL_NODES) split a host's ranks further.
         node = shared.Split(w.node_index, key=comm.Get_rank())
         shared.Free()
-        return node
-    return shared
+        return node, host_ranks
+    return shared, host_ranks
 
 
-def shared_window(node_comm: Any, slot_bytes: int) -> NodeWindow:
+def shared_window(node_comm: Any, slot_bytes: int, host_ranks: int | None = None) -> NodeWindow:
     """The node window for the ranks of ``node_comm``, created on first use (collective).
 
     Engines whose node communicators hold the same world ranks share one
@@ -229,5 +235,5 @@ def shared_window(node_comm: Any, slot_bytes: int) -> NodeWindow:
     key = (members, slot_bytes)
     window = _WINDOWS.get(key)
     if window is None:
-        window = _WINDOWS[key] = NodeWindow(node_comm, slot_bytes)
+        window = _WINDOWS[key] = NodeWindow(node_comm, slot_bytes, host_ranks)
     return window

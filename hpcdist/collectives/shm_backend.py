@@ -200,6 +200,7 @@ def allreduce_plan(
     divisor: int,
     leaders: Any = None,
     hierarchical: bool = False,
+    first_step: MpiStep | None = None,
 ) -> NodePlan:
     """The node plan reducing ``items`` (C-contiguous host arrays) across the node.
 
@@ -207,8 +208,11 @@ def allreduce_plan(
     (``leaders``: their communicator on a leader, ``None`` elsewhere).
     Returns one fused wire-dtype buffer per group of ``layout``; ``divisor``
     divides MEAN sums. Raises :class:`Mismatch` on every rank of the node
-    when their digests differ. Example: see the module docstring.
+    when their digests differ. ``first_step`` (the MPI agreement check
+    between nodes) runs before anything else. Example: see the module docstring.
     """
+    if first_step is not None:
+        yield first_step
     me, n = window.rank, window.size
     base = addresses(items)
     first = True
@@ -255,14 +259,14 @@ def reduce_scatter_plan(
 ) -> NodePlan:
     """This rank's block ``[bounds[me], bounds[me+1])`` (wire elements) of the node's reduction.
 
-    One group, one bucket (the caller checks that the tensor fits a slot):
+    The whole tensor goes through one slot (the caller checks that it fits):
     pack, one barrier, reduce only the own block. Example: see the engine.
     """
     me = window.rank
     group = layout.groups[0]
-    bucket = group.buckets[0] if group.buckets else None
+    bucket = group.whole
     which = window.next_set()
-    if bucket is not None and bucket.tensor.size:
+    if bucket.tensor.size:
         base = addresses([item])
         gather_bytes(
             window.slots(which)[me], base[bucket.tensor] + bucket.src, bucket.nbytes, bucket.dst
