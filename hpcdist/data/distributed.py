@@ -9,8 +9,8 @@ calls) takes a dataset batched by the global batch size and, in this order,
    replicas left without data get empty batches),
 2. **shards** across workers by the dataset's ``AutoShardPolicy``
    (:mod:`hpcdist.data.autoshard`: FILE, DATA, AUTO, OFF, HINT),
-3. **prefetches** in a background thread, copying each replica's batch to
-   its device (CuPy for GPU replicas).
+3. **reads ahead** in a background thread where that helps, copying each
+   replica's batch to its device (CuPy for GPU replicas); see *Reading ahead*.
 
 :func:`distribute_datasets_from_function` calls ``dataset_fn(InputContext)``
 once per worker (or per replica) and feeds what it returns as it is: a
@@ -29,6 +29,38 @@ never leaves the others waiting in a collective, and an error in one
 worker's input pipeline is raised on every worker instead of hanging them.
 With one worker there is no collective at all.
 
+**Reading ahead.** With ``InputOptions.experimental_per_replica_buffer_size``
+``n > 0`` (the default is 1) a daemon thread runs the local pipeline ahead of
+the caller (never any MPI in it) when something waits outside the GIL, so
+that the pipeline's work fills the wait:
+
+* several workers: the caller waits in the end-of-data all-reduce every step
+  (mpi4py releases the GIL in MPI calls). Under ``mpirun -n 2`` with
+  ``benchmarks/input_pipeline.py``'s pipeline, on a 2-vCPU VM loaded by other
+  jobs, a step took 500-3,000 microseconds with the thread and 1,100-4,400
+  without it (with the thread it was 1.9-5.3 times faster in 13 of 15 runs,
+  as fast in one and 1.6 times slower in one);
+* a stage that waits: a file reader (``read_npy``, ``read_npz``,
+  ``read_hdf5``), a ``map`` with ``num_parallel_calls`` (a thread pool), a
+  ``from_generator`` source, a ``dataset_fn`` result that is neither a
+  ``Dataset`` nor a list or tuple (a generator, a ``DataLoader``: code that
+  may wait on I/O or worker processes), or a node type hpcdist does not know;
+* a copy to a GPU replica.
+
+Otherwise (one worker, arrays in memory: ``from_tensor_slices``, ``range``,
+``shuffle``, ``batch``, a plain ``map`` or ``filter``...) each step is read in
+the caller's thread when it is asked for. Its work is short and mostly holds
+the GIL, so a thread has little to overlap, while handing a step from one
+thread to another costs about 200 microseconds on a 2-vCPU VM: with the
+thread, ``benchmarks/input_pipeline.py``'s distributed pipeline ran at
+55-75 % of the speed of the same pipeline iterated directly. (Add
+``.prefetch(n)`` to a dataset to give it a thread of its own anyway, e.g.
+after a plain ``map`` that reads files.) ``n = 0`` never starts a thread. The
+thread fills a buffer of ``n + 1`` steps; when the caller has used up the
+steps it took, it takes every ready step at once (one handoff for several
+steps), so at most ``2 * (n + 1)`` steps are read ahead.
+:attr:`DistributedIterator.reads_ahead` says whether an iterator has the thread.
+
 *Cost.* One ``Collectives.allreduce`` of 16 bytes per step with several
 workers (the engine sends it as two tiny MPI all-reduces: its metadata check
 and the data). Measured under ``mpirun -n 2`` on one 2-core node:
@@ -46,9 +78,9 @@ Example:
 
 from __future__ import annotations
 
-import queue
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -70,13 +102,13 @@ from hpcdist.data.rebatch import (
     empty_like_batch,
     find_global_batch_size,
     rebatch_steps,
+    worker_sub_batches,
 )
 from hpcdist.distribute import nest
 from hpcdist.errors import HpcdistError
 
 _MISSING = object()  # a replica's slot in a step for which its pipeline had no data
 _END = object()  # the producer's last item: the local pipeline is exhausted
-_POLL_SECONDS = 0.05
 
 
 class DistributedInputError(HpcdistError, RuntimeError):
@@ -164,18 +196,26 @@ def _layout(
 # -- the local stream of steps -----------------------------------------------------------
 
 
-@dataclass
 class _Step:
     """One step of this worker's pipeline: a value (or ``_MISSING``) per local replica."""
 
-    values: list[Any]
-    template: Any  # an empty host batch shaped like the values, or None
-    has_elements: bool
+    __slots__ = ("values", "template", "has_elements", "missing", "bare")
+
+    def __init__(
+        self, values: list[Any], template: Any, has_elements: bool, missing: bool, bare: bool
+    ) -> None:
+        self.values = values
+        self.template = template  # an empty host batch shaped like the values, or None
+        self.has_elements = has_elements
+        self.missing = missing  # some replica has no value in this step
+        self.bare = bare  # every value is a NumPy array (no nest to regroup)
 
 
-@dataclass
 class _Failure:
-    error: BaseException
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 def _host_template(value: Any) -> Any:
@@ -192,7 +232,7 @@ def _closing(iterator: Iterator[Any]) -> None:
 
 
 def _rows(value: Any) -> int:
-    if isinstance(value, np.ndarray) and value.ndim:
+    if type(value) is np.ndarray and value.ndim:
         return value.shape[0]
     return batch_dim(value)
 
@@ -211,16 +251,22 @@ def _steps(
             values = list(group)
             if len(values) < num_replicas:
                 values += [_MISSING] * (num_replicas - len(values))
-            present = [v for v in values if v is not _MISSING]
-            if template is None and present:
-                template = _host_template(present[0])
-            if count_elements:
-                has_elements = any(_rows(v) > 0 for v in present)
-            else:
-                has_elements = bool(present)
+            has_elements = missing = False
+            bare = True
+            for v in values:
+                if v is _MISSING:
+                    missing = True
+                    continue
+                if template is None:
+                    template = _host_template(v)
+                if not has_elements:
+                    has_elements = _rows(v) > 0 if count_elements else True
+                if type(v) is not np.ndarray:
+                    bare = False
             if place is not None:
                 values = [v if v is _MISSING else place(i, v) for i, v in enumerate(values)]
-            yield _Step(values, template, has_elements)
+                bare = False
+            yield _Step(values, template, has_elements, missing, bare)
     finally:
         _closing(it)
 
@@ -243,75 +289,184 @@ def _placer(layout: _Layout, options: InputOptions) -> Callable[[int, Any], Any]
     return place
 
 
-# -- the background thread ---------------------------------------------------------------
+def _sub_batch_steps(
+    elements: Iterator[Any], num_workers: int, r: int, worker_index: int, own: bool
+) -> Iterator[list[Any]]:
+    """:func:`~hpcdist.data.rebatch.rebatch_steps`, with the cuts of a NumPy batch cached.
+
+    The rows each sub-batch takes depend only on the batch size, so they are
+    worked out once per size (by :func:`worker_sub_batches` itself, on an
+    index array) and a NumPy batch is then cut with plain slices.
+    """
+    cuts: dict[int, list[slice]] = {}
+    try:
+        for element in elements:
+            if type(element) is np.ndarray and element.ndim:
+                cut = cuts.get(element.shape[0])
+                if cut is None:
+                    cut = cuts[element.shape[0]] = _cuts(
+                        element.shape[0], num_workers, r, worker_index, own
+                    )
+                pieces = [element[c] for c in cut]
+            else:
+                pieces = worker_sub_batches(
+                    element, num_workers, r, worker_index, own_part_only=own
+                )
+            if len(pieces) == r:
+                yield pieces
+            else:
+                for i in range(0, len(pieces), r):
+                    yield pieces[i : i + r]
+    finally:
+        _closing(elements)
 
 
-def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=_POLL_SECONDS)
-            return True
-        except queue.Full:
-            continue
+def _cuts(b: int, num_workers: int, r: int, worker_index: int, own: bool) -> list[slice]:
+    """The row ranges :func:`worker_sub_batches` takes from a batch of ``b`` rows."""
+    rows = worker_sub_batches(np.arange(b), num_workers, r, worker_index, own_part_only=own)
+    return [slice(int(p[0]), int(p[0]) + len(p)) if len(p) else slice(0, 0) for p in rows]
+
+
+# -- reading ahead -------------------------------------------------------------------------
+
+
+def _waits_outside_gil(node: Any) -> bool:
+    """Whether a pipeline node may wait on I/O, threads or processes (see the module doc)."""
+    from hpcdist.data.dataset import (
+        BatchDataset,
+        FileListDataset,
+        FilterDataset,
+        MapDataset,
+        PrefetchDataset,
+        RangeDataset,
+        RepeatDataset,
+        ShardDataset,
+        ShuffleDataset,
+        SkipDataset,
+        TakeDataset,
+        TensorDataset,
+        TensorSliceDataset,
+        UnbatchDataset,
+        _OptionsDataset,
+    )
+
+    if isinstance(node, MapDataset):
+        return node._threads() > 1
+    in_memory = (
+        BatchDataset,
+        FileListDataset,  # file names only; the readers are FileReaderDataset
+        FilterDataset,
+        PrefetchDataset,  # has a thread of its own already
+        RangeDataset,
+        RepeatDataset,
+        ShardDataset,
+        ShuffleDataset,
+        SkipDataset,
+        TakeDataset,
+        TensorDataset,
+        TensorSliceDataset,
+        UnbatchDataset,
+        _OptionsDataset,
+    )
+    return type(node) not in in_memory  # FileReaderDataset, GeneratorDataset, unknown nodes
+
+
+def _read_ahead_helps(sources: Sequence[Any], layout: _Layout, options: InputOptions) -> bool:
+    """Whether a reading-ahead thread can overlap waits in the caller's work."""
+    if options.experimental_per_replica_buffer_size == 0:
+        return False
+    if layout.num_workers > 1:
+        return True  # the caller waits in the end-of-data all-reduce (MPI frees the GIL)
+    if _placer(layout, options) is not None:
+        return True  # copies to a GPU
+    from hpcdist.data.dataset import Dataset
+
+    for source in sources:
+        if isinstance(source, Dataset):
+            node: Any = source
+            while node is not None:
+                if _waits_outside_gil(node):
+                    return True
+                node = node._input
+        elif not isinstance(source, (list, tuple)):
+            return True  # a generator, a DataLoader: it may wait on I/O or processes
     return False
 
 
-def _produce(steps: Iterator[_Step], q: queue.Queue, stop: threading.Event) -> None:
-    try:
-        for step in steps:
-            if not _put(q, step, stop):
-                return
-        _put(q, _END, stop)
-    except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
-        _put(q, _Failure(error), stop)
-    finally:
-        _closing(steps)
-
-
 class _Prefetcher:
-    """Runs the local pipeline in a daemon thread, ``depth`` steps ahead (never any MPI)."""
+    """Runs the local pipeline in a daemon thread, up to ``depth`` steps ahead (never MPI).
+
+    The caller takes every ready step at once when it has used up the ones it
+    took before, so one handoff between the threads serves several steps.
+    """
 
     def __init__(self, steps: Iterator[_Step], depth: int) -> None:
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
+        self._depth = depth
+        self._ready: deque[Any] = deque()  # filled by the thread, under _cond
+        self._taken: deque[Any] = deque()  # the caller's steps, no lock needed
+        self._cond = threading.Condition()
+        self._stopped = False
         self.thread = threading.Thread(
-            target=_produce,
-            args=(steps, self._queue, self._stop),
-            name="hpcdist-input-prefetch",
-            daemon=True,
+            target=self._produce, args=(steps,), name="hpcdist-input-prefetch", daemon=True
         )
         self.thread.start()
 
+    def _put(self, item: Any) -> bool:
+        cond = self._cond
+        with cond:
+            while len(self._ready) >= self._depth and not self._stopped:
+                cond.wait()
+            if self._stopped:
+                return False
+            self._ready.append(item)
+            cond.notify()
+        return True
+
+    def _produce(self, steps: Iterator[_Step]) -> None:
+        try:
+            for step in steps:
+                if not self._put(step):
+                    return
+            self._put(_END)
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
+            self._put(_Failure(error))
+        finally:
+            _closing(steps)
+
     def get(self) -> Any:
-        while True:
-            try:
-                return self._queue.get(timeout=0.5)
-            except queue.Empty:
-                if not self.thread.is_alive() and self._queue.empty():
+        if self._taken:
+            return self._taken.popleft()
+        cond = self._cond
+        with cond:
+            while not self._ready:
+                if not cond.wait(timeout=0.5) and not self.thread.is_alive() and not self._ready:
                     return _Failure(RuntimeError("the input prefetch thread stopped unexpectedly"))
+            self._taken, self._ready = self._ready, self._taken  # all ready steps at once
+            cond.notify()
+        return self._taken.popleft()
 
     def close(self) -> None:
-        self._stop.set()
-        while True:  # unblock a producer waiting on a full queue
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        with self._cond:
+            self._stopped = True
+            self._ready.clear()
+            self._cond.notify_all()  # wakes a producer waiting on a full buffer
+        self._taken.clear()
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=1.0)
 
 
 class _Synchronous:
-    """The local pipeline read in the caller's thread (a per-replica buffer size of 0)."""
+    """The local pipeline read in the caller's thread, one step when it is asked for."""
 
     thread = None
 
     def __init__(self, steps: Iterator[_Step]) -> None:
+        self._next = steps.__next__
         self._steps = steps
 
     def get(self) -> Any:
         try:
-            return next(self._steps)
+            return self._next()
         except StopIteration:
             return _END
         except Exception as error:  # noqa: BLE001 - agreed on with the other workers first
@@ -393,6 +548,7 @@ class DistributedDataset:
         *,
         count_elements: bool,
         auto_shard_policy: AutoShardPolicy | None = None,
+        read_ahead: bool = True,
     ) -> None:
         self._groups = groups
         self._layout = layout
@@ -400,6 +556,7 @@ class DistributedDataset:
         self._replica_spec = element_spec
         self._count_elements = count_elements
         self._auto_shard_policy = auto_shard_policy
+        self._read_ahead = bool(read_ahead) and options.experimental_per_replica_buffer_size > 0
 
     def __iter__(self) -> DistributedIterator:
         return DistributedIterator(self)
@@ -430,7 +587,9 @@ class DistributedIterator:
     :meth:`get_next` gives one step: a ``PerReplica`` of the local replicas'
     batches (the plain batch with one local replica). Every worker must call
     it the same number of times (as every worker calls ``strategy.run``):
-    with several workers each call makes one small collective.
+    with several workers each call makes one small collective. Whether a
+    background thread reads ahead is :attr:`reads_ahead` (see the module
+    docstring: with several workers, or a pipeline stage that waits outside the GIL).
 
     Example:
         >>> from hpcdist.data.dataset import Dataset
@@ -453,12 +612,16 @@ class DistributedIterator:
         )
         depth = dataset._options.experimental_per_replica_buffer_size
         self._source: _Prefetcher | _Synchronous = (
-            _Prefetcher(steps, depth + 1) if depth > 0 else _Synchronous(steps)
+            _Prefetcher(steps, depth + 1) if dataset._read_ahead else _Synchronous(steps)
         )
         self._finalizer = weakref.finalize(self, self._source.close)
         self._template: Any = None
         self._local_done = False
         self._done = False
+        self._agreeing = layout.collectives is not None
+        from hpcdist.distribute.values import PerReplica
+
+        self._per_replica = PerReplica
 
     # -- TF's API
     def get_next(self) -> Any:
@@ -485,8 +648,19 @@ class DistributedIterator:
     def __next__(self) -> Any:
         return self.get_next()
 
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether a background thread reads this worker's pipeline ahead of :meth:`get_next`.
+
+        ``False`` means each step is read in the caller's thread when asked for.
+        """
+        return self._source.thread is not None
+
     def close(self) -> None:
-        """Stop the background thread now (it also stops at the end and when collected)."""
+        """Stop reading: the background thread (if any) ends now and the pipeline is closed.
+
+        It also happens at the end of the data and when the iterator is collected.
+        """
         self._finalizer()
 
     # -- the agreed step
@@ -520,14 +694,16 @@ class DistributedIterator:
     def _advance(self) -> Any:
         while not self._done:
             step, error = self._local()
-            missing = step is None or any(v is _MISSING for v in step.values)
-            flags = [
-                step is not None,
-                step is not None and step.has_elements,
-                error is not None,
-                missing and self._empty_batch() is None,
-            ]
-            has_data, has_elements, failed, cannot_pad = (bool(f) for f in self._agree(flags))
+            if step is None:
+                has_data = has_elements = False
+                cannot_pad = self._agreeing and self._empty_batch() is None
+            else:
+                has_data, has_elements = True, step.has_elements
+                cannot_pad = step.missing and self._empty_batch() is None
+            failed = error is not None
+            if self._agreeing:
+                flags = self._agree([has_data, has_elements, failed, cannot_pad])
+                has_data, has_elements, failed, cannot_pad = (bool(f) for f in flags)
             if failed:
                 self._finish()
                 if error is not None:
@@ -553,14 +729,18 @@ class DistributedIterator:
 
     def _assemble(self, step: _Step | None) -> Any:
         r = self._layout.num_replicas
-        values = step.values if step is not None else [_MISSING] * r
-        values = [self._pad(i) if v is _MISSING else v for i, v in enumerate(values)]
+        if step is not None and not step.missing:
+            values, bare = step.values, step.bare
+        else:
+            values = step.values if step is not None else [_MISSING] * r
+            values = [self._pad(i) if v is _MISSING else v for i, v in enumerate(values)]
+            bare = all(type(v) is np.ndarray for v in values)
         if r == 1:
             return values[0]
-        from hpcdist.distribute.values import PerReplica, regroup
+        if bare:
+            return self._per_replica(values)  # what regroup gives for bare arrays, without its walk
+        from hpcdist.distribute.values import regroup
 
-        if all(isinstance(v, np.ndarray) for v in values):
-            return PerReplica(values)  # what regroup gives for bare arrays, without its walk
         return regroup(values, always_wrap=True)
 
     def _pad(self, i: int) -> Any:
@@ -673,17 +853,19 @@ def distribute_dataset(
     source = plan.dataset
 
     def groups() -> Iterator[list[Any]]:
-        return rebatch_steps(
-            iter(source),
-            layout.num_workers,
-            layout.num_replicas,
-            layout.worker_index,
-            own_part_only=own,
+        return _sub_batch_steps(
+            iter(source), layout.num_workers, layout.num_replicas, layout.worker_index, own
         )
 
     spec = _unbatched_first_dim(getattr(dataset, "element_spec", None))
     return DistributedDataset(
-        groups, layout, opts, spec, count_elements=True, auto_shard_policy=plan.policy
+        groups,
+        layout,
+        opts,
+        spec,
+        count_elements=True,
+        auto_shard_policy=plan.policy,
+        read_ahead=_read_ahead_helps([source], layout, opts),
     )
 
 
@@ -785,10 +967,13 @@ def distribute_datasets_from_function(
         groups = _per_replica_groups(results)
         spec = getattr(results[0], "element_spec", None)
     else:
-        result = _check_iterable(dataset_fn(InputContext(w_count, w, w_count * r)))
-        groups = _per_worker_groups(result, r)
-        spec = getattr(result, "element_spec", None)
-    return DistributedDataset(groups, layout, opts, spec, count_elements=False)
+        results = [_check_iterable(dataset_fn(InputContext(w_count, w, w_count * r)))]
+        groups = _per_worker_groups(results[0], r)
+        spec = getattr(results[0], "element_spec", None)
+    read_ahead = _read_ahead_helps(results, layout, opts)
+    return DistributedDataset(
+        groups, layout, opts, spec, count_elements=False, read_ahead=read_ahead
+    )
 
 
 __all__ = [

@@ -22,6 +22,7 @@ from hpcdist.data.distributed import (
     distribute_dataset,
     distribute_datasets_from_function,
 )
+from hpcdist.data.input_context import InputOptions
 from hpcdist.data.options import AutoShardPolicy, Options
 from hpcdist.distribute.values import PerReplica
 from hpcdist.runtime import world
@@ -204,17 +205,23 @@ def test_seeded_file_shuffle_is_reproducible(shared_dir):
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_uneven_dataset_fn_does_not_hang_and_ends_together(replicas):
+@pytest.mark.parametrize("generator", [False, True])
+@pytest.mark.parametrize("buffer_size", [0, 1])  # read in the caller's thread / ahead
+def test_uneven_dataset_fn_does_not_hang_and_ends_together(replicas, generator, buffer_size):
     rank = world().rank
 
     def dataset_fn(ctx):
         assert ctx.input_pipeline_id == rank
         batch = ctx.get_per_replica_batch_size(2 * ctx.num_replicas_in_sync)
-        return Dataset.range(batch * (rank + 1) * 3).batch(batch)
+        ds = Dataset.range(batch * (rank + 1) * 3).batch(batch)
+        return (b for b in ds) if generator else ds
 
     steps = 0
     nonempty = 0
-    for x in from_function(dataset_fn, replicas):
+    options = InputOptions(experimental_per_replica_buffer_size=buffer_size)
+    it = iter(from_function(dataset_fn, replicas, options=options))
+    assert it.reads_ahead is (buffer_size > 0)  # several workers: ahead unless told not to
+    for x in it:
         steps += 1
         nonempty += sum(len(v) > 0 for v in values_of(x))
     size = world().size
@@ -223,7 +230,9 @@ def test_uneven_dataset_fn_does_not_hang_and_ends_together(replicas):
     assert nonempty == (rank + 1) * 3
 
 
-def test_pipeline_error_on_one_rank_is_raised_on_every_rank():
+@pytest.mark.parametrize("buffer_size", [0, 1])  # read in the caller's thread / ahead
+@pytest.mark.parametrize("num_parallel_calls", [None, 2])
+def test_pipeline_error_on_one_rank_is_raised_on_every_rank(num_parallel_calls, buffer_size):
     rank = world().rank
 
     def check(batch):
@@ -231,10 +240,12 @@ def test_pipeline_error_on_one_rank_is_raised_on_every_rank():
             raise KeyError("corrupt record on rank 1")
         return batch
 
-    ds = with_policy(Dataset.range(40).batch(4).map(check), "DATA")
+    batches = Dataset.range(40).batch(4)
+    ds = with_policy(batches.map(check, num_parallel_calls=num_parallel_calls), "DATA")
     expected = KeyError if rank == 1 else DistributedInputError
+    options = InputOptions(experimental_per_replica_buffer_size=buffer_size)
     with pytest.raises(expected):
-        run_epoch(distribute(ds, 1))
+        run_epoch(distribute(ds, 1, options=options))
     world().comm.Barrier()
 
 

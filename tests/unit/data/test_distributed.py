@@ -6,10 +6,13 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hpcdist as hd
 from hpcdist.data.autoshard import apply_autoshard, chain_of
@@ -17,12 +20,14 @@ from hpcdist.data.dataset import Dataset, ShardDataset, TensorSpec
 from hpcdist.data.distributed import (
     DistributedInputError,
     Optional,
+    _sub_batch_steps,
     distribute_dataset,
     distribute_datasets_from_function,
     worker_batches,
 )
 from hpcdist.data.input_context import InputOptions
 from hpcdist.data.options import AutoShardPolicy, Options
+from hpcdist.data.rebatch import rebatch_steps
 from hpcdist.distribute.values import PerReplica
 
 
@@ -446,12 +451,17 @@ def test_workers_skip_steps_where_nobody_has_elements(npy_files):
 # -- prefetch, iterators, epochs -----------------------------------------------------------
 
 
+def parallel_map(ds: Dataset) -> Dataset:
+    """``ds`` with a ``map`` in a thread pool: a stage the distributed input reads ahead of."""
+    return ds.map(lambda x: x, num_parallel_calls=2)
+
+
 def test_prefetch_thread_stops_at_the_end_on_close_and_when_collected():
-    dist = distribute_dataset(Dataset.range(100).batch(2), num_replicas_per_worker=2)
+    dist = distribute_dataset(parallel_map(Dataset.range(100).batch(2)), num_replicas_per_worker=2)
     it = iter(dist)
     thread = it._source.thread
-    assert thread is not None
-    list(it)
+    assert thread is not None and it.reads_ahead
+    assert [v for x in it for v in ints(x)] == list(range(100))
     thread.join(timeout=5)
     assert not thread.is_alive()
 
@@ -468,6 +478,123 @@ def test_prefetch_thread_stops_at_the_end_on_close_and_when_collected():
     gc.collect()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_in_memory_pipelines_are_read_in_the_callers_thread(npy_files):
+    x = np.arange(40.0).reshape(20, 2)
+    in_memory = [
+        Dataset.from_tensor_slices(x).shuffle(20, seed=1).batch(4),
+        Dataset.range(10).repeat(2).map(lambda v: v * 2).filter(lambda v: v > 2).batch(4),
+        Dataset.range(10).batch(2).prefetch(2),  # the dataset's own thread is enough
+    ]
+    for ds in in_memory:
+        it = iter(distribute_dataset(ds, num_replicas_per_worker=2))
+        assert not it.reads_ahead and it._source.thread is None, ds
+        assert len(list(it)) > 0
+
+    def gen():
+        yield from range(6)
+
+    reading = [
+        Dataset.from_files(npy_files([5, 3])).read_npy().batch(4),  # file I/O
+        parallel_map(Dataset.range(8).batch(4)),  # a thread pool
+        Dataset.from_generator(gen, output_signature=TensorSpec((), np.int64)).batch(4),
+    ]
+    for ds in reading:
+        it = iter(distribute_dataset(ds))
+        assert it.reads_ahead, ds
+        assert sorted(ints(next(it))) == [0, 1, 2, 3]
+        it.close()
+        no_thread = InputOptions(experimental_per_replica_buffer_size=0)
+        assert not iter(distribute_dataset(ds, options=no_thread)).reads_ahead
+
+
+def test_read_ahead_for_dataset_fn_results_and_gpu_copies():
+    batches = [np.arange(2) + 2 * i for i in range(3)]
+
+    def reads_ahead(fn) -> bool:
+        it = iter(distribute_datasets_from_function(fn))
+        try:
+            return it.reads_ahead
+        finally:
+            it.close()
+
+    assert not reads_ahead(lambda ctx: batches)  # already in memory
+    assert not reads_ahead(lambda ctx: Dataset.range(6).batch(2))
+    assert reads_ahead(lambda ctx: (b for b in batches))  # opaque: may wait on I/O
+    # Decided without iterating: copies to a GPU replica, and the end-of-data all-reduce
+    # of several workers, overlap the pipeline's work.
+    ds = Dataset.range(4).batch(2)
+    assert distribute_dataset(ds, devices=["/gpu:0"])._read_ahead
+    cpu_only = InputOptions(experimental_fetch_to_device=False)
+    assert not distribute_dataset(ds, devices=["/gpu:0"], options=cpu_only)._read_ahead
+    two = {"num_workers": 2, "collectives": FakeGroup(2).rank(0)}
+    assert distribute_dataset(ds, **two)._read_ahead
+    assert distribute_datasets_from_function(lambda ctx: batches, **two)._read_ahead
+    no_thread = InputOptions(experimental_per_replica_buffer_size=0)
+    assert not distribute_dataset(ds, options=no_thread, **two)._read_ahead
+
+
+def test_prefetch_thread_reads_a_bounded_number_of_steps_ahead():
+    produced = []
+
+    def gen():
+        for i in range(100):
+            produced.append(i)
+            yield np.array([i])
+
+    options = InputOptions(experimental_per_replica_buffer_size=1)  # a buffer of 2 steps
+    it = iter(distribute_datasets_from_function(lambda ctx: gen(), options=options))
+    assert it.reads_ahead
+    assert ints(next(it)) == [0]
+    deadline = time.monotonic() + 5
+    while len(produced) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    # 1 returned, then at most 2 * (n + 1) = 4 ahead: 1 left of those the caller took,
+    # 2 in the buffer, 1 in the thread's hands
+    assert 3 <= len(produced) <= 5
+    assert [ints(x)[0] for x in it] == list(range(1, 100))  # the rest, in order
+
+
+def test_errors_in_a_read_ahead_pipeline_come_after_the_steps_before_them():
+    def gen():
+        for i in range(7):
+            if i == 5:
+                raise ZeroDivisionError("bad record")
+            yield np.array([i])
+
+    it = iter(distribute_datasets_from_function(lambda ctx: gen()))
+    assert it.reads_ahead
+    assert [ints(next(it)) for _ in range(5)] == [[0], [1], [2], [3], [4]]
+    with pytest.raises(ZeroDivisionError, match="bad record"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    sizes=st.lists(st.integers(0, 9), min_size=1, max_size=4),
+    num_workers=st.integers(1, 3),
+    r=st.integers(1, 3),
+    data=st.data(),
+    own=st.booleans(),
+)
+def test_cached_cuts_match_rebatch_steps(sizes, num_workers, r, data, own):
+    w = data.draw(st.integers(0, num_workers - 1))
+    start = np.cumsum([0, *sizes])
+    batches = [np.arange(a, a + n).reshape(n, 1) for a, n in zip(start, sizes, strict=False)]
+    mine = list(_sub_batch_steps(iter(batches), num_workers, r, w, own))
+    reference = list(rebatch_steps(batches, num_workers, r, w, own_part_only=own))
+    assert [[p.tolist() for p in step] for step in mine] == [
+        [p.tolist() for p in step] for step in reference
+    ]
+    as_tuples = [(b, b[:, 0]) for b in batches]  # nested elements take the general path
+    nested = list(_sub_batch_steps(iter(as_tuples), num_workers, r, w, own))
+    assert [[p[1].tolist() for p in step] for step in nested] == [
+        [p[:, 0].tolist() for p in step] for step in reference
+    ]
 
 
 def test_pipeline_errors_are_raised_by_get_next():
