@@ -1,36 +1,27 @@
 """What every benchmark shares: where results go, the JSON report, the line plot.
 
+The writers live in :mod:`hpcdist.bench.report` (``hpcdist bench`` uses them
+too); these wrappers put the files in the repository's ``benchmarks/results``.
+
 Example: ``save_report("allreduce", report)`` writes ``benchmarks/results/allreduce.json``.
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
 from collections.abc import Sequence
 
+from hpcdist.bench import report
+from hpcdist.bench.report import pyplot
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
-
-def save_report(name: str, report: dict) -> pathlib.Path:
-    """Write ``report`` to ``results/<name>.json`` and return the path."""
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    return path
+__all__ = ["RESULTS", "pyplot", "save_line_plot", "save_report"]
 
 
-def pyplot():
-    """``matplotlib.pyplot`` with the file backend, or ``None`` (and a message) without it."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (extra 'bench'): no plot written")
-        return None
-    return plt
+def save_report(name: str, data: dict) -> pathlib.Path:
+    """Write ``data`` to ``results/<name>.json`` and return the path."""
+    return report.save_report(name, data, RESULTS)
 
 
 def save_line_plot(
@@ -44,18 +35,6 @@ def save_line_plot(
     loglog: bool = False,
 ) -> None:
     """One line per series against ``x``, saved as ``results/<name>.png``."""
-    plt = pyplot()
-    if plt is None:
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    plot = ax.loglog if loglog else ax.semilogx
-    for label, ys in series.items():
-        plot(list(x), list(ys), "o-", label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    RESULTS.mkdir(exist_ok=True)
-    fig.savefig(RESULTS / f"{name}.png", dpi=100)
+    report.save_line_plot(
+        name, x, series, folder=RESULTS, xlabel=xlabel, ylabel=ylabel, title=title, loglog=loglog
+    )

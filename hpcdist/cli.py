@@ -1,13 +1,17 @@
-"""Command line: ``hpcdist info`` (also ``python -m hpcdist info``).
+"""Command line: ``hpcdist info`` and ``hpcdist bench`` (also ``python -m hpcdist ...``).
 
 ``hpcdist info`` gathers every rank's place (rank, local rank, node, host,
 bound GPUs) on rank 0, which prints one table plus the detected launcher and
 scheduler, the MPI library, its thread level and CUDA-awareness, and the
 versions of CuPy, NCCL and Numba. ``--json`` prints the same as JSON.
 
+``hpcdist bench NAME [options]`` runs a benchmark of :mod:`hpcdist.bench`
+(``allreduce``); ``hpcdist bench allreduce --help`` lists its options.
+
 Example:
     mpirun -n 4 hpcdist info
     srun --mpi=pmix -n 4 hpcdist info --json
+    mpirun -n 2 hpcdist bench allreduce --quick
 """
 
 from __future__ import annotations
@@ -169,10 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="print the ranks, nodes, GPUs, MPI library and versions")
     p_info.add_argument("--json", action="store_true", help="machine-readable output")
+    from hpcdist.bench import BENCHMARKS
+
+    p_bench = sub.add_parser(
+        "bench",
+        help="run a benchmark under mpirun (hpcdist bench allreduce --help for its options)",
+    )
+    p_bench.add_argument("benchmark", choices=sorted(BENCHMARKS), help="which benchmark")
+    p_bench.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
     args = parser.parse_args(argv)
     try:
         if args.command == "info":
             return info(as_json=args.json)
+        if args.command == "bench":
+            from hpcdist.bench import run
+
+            return run(args.benchmark, args.options)
     except HpcdistError as exc:
         print(f"hpcdist: error: {exc}", file=sys.stderr)
         return 2

@@ -139,8 +139,11 @@ class InputOptions:
       arrays on the replica's device, so nothing is copied; only with
       ``PER_REPLICA`` and ``experimental_fetch_to_device=False``.
     * ``experimental_per_replica_buffer_size``: with ``n > 0`` a background
-      thread keeps up to ``n + 1`` steps ready; 0 reads each step in the
-      caller's thread when it is asked for (no thread).
+      thread reads up to ``2 * (n + 1)`` steps ahead wherever something waits
+      outside the GIL (several workers, file readers, a parallel ``map``,
+      generators, GPU copies); an in-memory pipeline on one worker is read in
+      the caller's thread, where a thread would only add hand-over cost. 0
+      never starts a thread.
 
     Example:
         >>> o = InputOptions(experimental_fetch_to_device=False)
