@@ -1,0 +1,44 @@
+"""Numba kernels for the collectives engine (CPU here; CUDA in :mod:`hpcdist.kernels.cuda`).
+
+Only NumPy and Numba are imported; ``numba.cuda`` is imported only by
+:mod:`hpcdist.kernels.cuda`. No MPI.
+
+Example:
+    >>> import numpy as np
+    >>> from hpcdist import kernels
+    >>> x = np.array([2.0, 4.0])
+    >>> kernels.scale(x, 2)
+    >>> x
+    array([1., 2.])
+"""
+
+from hpcdist.kernels.cpu import (
+    MAX,
+    MEAN,
+    MIN,
+    SUM,
+    gather_bytes,
+    reduce_slots,
+    scale,
+    scatter_bytes,
+)
+from hpcdist.kernels.half import float_to_half, half_to_float
+from hpcdist.kernels.sync import atomic_load, atomic_store, cpu_pause, wait_all, wait_equal
+
+__all__ = [
+    "MAX",
+    "MEAN",
+    "MIN",
+    "SUM",
+    "atomic_load",
+    "atomic_store",
+    "cpu_pause",
+    "float_to_half",
+    "gather_bytes",
+    "half_to_float",
+    "reduce_slots",
+    "scale",
+    "scatter_bytes",
+    "wait_all",
+    "wait_equal",
+]

@@ -1,0 +1,426 @@
+"""CUDA kernels of the fused all-reduce: pack, k-way reduce and unpack, one launch each.
+
+Importing this module imports ``numba.cuda`` (nothing else in
+:mod:`hpcdist.kernels` does). Arguments are Numba device arrays or any object
+with ``__cuda_array_interface__`` (CuPy arrays), taken without copies.
+
+Design (one launch per bucket, any number of tensors, no recompilation when
+the bucket changes): a bucket's tensors are described by a
+:class:`TensorTable`, two small ``int64`` device arrays: the data address of
+each C-contiguous tensor and the element offset of each tensor in the flat
+buffer (a prefix sum, one entry more than tensors). The pack and unpack
+kernels run a grid-stride loop over the flat buffer's elements; a thread finds
+the tensor of element ``j`` by binary search in the offsets (resuming from the
+tensor of its previous element) and reads or writes that tensor through its
+raw address (an ``inttoptr`` in device code). All tensors of one bucket share
+one dtype, the flat buffer's. Build a table once per bucket layout with
+:func:`tensor_table` and pass it instead of the tensors to skip the small
+host-to-device copy of the table on later calls (the tensors must then stay
+allocated at the same addresses).
+
+Under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` set before
+``numba.cuda`` is first imported) the same kernels run on the host and the
+raw-address access is done with ``ctypes`` on the simulated arrays' host
+memory, so the indexing logic is tested without a GPU.
+
+``reduce_slots_cuda`` has the semantics of the CPU
+:func:`hpcdist.kernels.cpu.reduce_slots`: a left fold in row order over a
+2-D device array (rows may be strided views), ``float16`` accumulated in
+``float32``, ``out`` may be a row of ``slots``.
+
+Example (needs a GPU or the simulator)::
+
+    table = tensor_table(grads)                  # once per bucket layout
+    pack_cuda(table, flat, scale=1 / world_size)  # one launch
+    ...                                           # all-reduce flat
+    unpack_cuda(flat, table)                      # one launch
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import config, cuda
+
+from hpcdist.kernels.cpu import MAX, MEAN, MIN, SUM
+
+__all__ = [
+    "TensorTable",
+    "pack_cuda",
+    "reduce_slots_cuda",
+    "simulator_enabled",
+    "tensor_table",
+    "unpack_cuda",
+]
+
+_SUPPORTED_CHARS = frozenset("efdbhilqBHILQ")
+_FLOAT_CHARS = frozenset("efd")
+
+
+def simulator_enabled() -> bool:
+    """True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``).
+
+    Example: ``simulator_enabled()`` is ``False`` on a normal GPU run.
+    """
+    return bool(config.ENABLE_CUDASIM)
+
+
+# ------------------------------------------------------------ raw device memory access
+
+if simulator_enabled():
+
+    def _raw_view(addr: int, index: int, like: Any) -> np.ndarray:
+        dtype = np.dtype(like.dtype)
+        buf = (ctypes.c_char * dtype.itemsize).from_address(int(addr) + int(index) * dtype.itemsize)
+        return np.frombuffer(buf, dtype=dtype)
+
+    def _load(addr, index, like):  # a plain function the simulated kernel calls
+        return _raw_view(addr, index, like)[0]
+
+    def _store(addr, index, value, like):
+        _raw_view(addr, index, like)[0] = value
+
+else:
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _load(typingctx, addr, index, like):
+        """``((like.dtype*) addr)[index]``: a load through a raw device address."""
+        sig = like.dtype(types.int64, types.int64, like)
+
+        def codegen(context, builder, signature, args):
+            elem = context.get_data_type(signature.return_type)
+            ptr = builder.inttoptr(args[0], elem.as_pointer())
+            return builder.load(builder.gep(ptr, [args[1]]))
+
+        return sig, codegen
+
+    @intrinsic
+    def _store(typingctx, addr, index, value, like):
+        """``((like.dtype*) addr)[index] = value``: a store through a raw device address."""
+        sig = types.void(types.int64, types.int64, like.dtype, like)
+
+        def codegen(context, builder, signature, args):
+            elem = context.get_data_type(signature.args[2])
+            ptr = builder.inttoptr(args[0], elem.as_pointer())
+            builder.store(args[2], builder.gep(ptr, [args[1]]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@cuda.jit(device=True)
+def _find_tensor(offsets, j, start):
+    # the largest t >= start with offsets[t] <= j; zero-size tensors are skipped
+    lo = start
+    hi = offsets.shape[0] - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if offsets[mid] <= j:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@cuda.jit
+def _pack_kernel(flat, addrs, offsets, total, scale, use_scale):
+    t = 0
+    for j in range(cuda.grid(1), total, cuda.gridsize(1)):
+        t = _find_tensor(offsets, j, t)
+        v = _load(addrs[t], j - offsets[t], flat)
+        if use_scale:
+            flat[j] = v * scale
+        else:
+            flat[j] = v
+
+
+@cuda.jit
+def _unpack_kernel(flat, addrs, offsets, total, scale, use_scale):
+    t = 0
+    for j in range(cuda.grid(1), total, cuda.gridsize(1)):
+        t = _find_tensor(offsets, j, t)
+        if use_scale:
+            _store(addrs[t], j - offsets[t], flat[j] * scale, flat)
+        else:
+            _store(addrs[t], j - offsets[t], flat[j], flat)
+
+
+@cuda.jit(device=True)
+def _min(a, b):
+    if a != a:
+        return a
+    return a if a <= b else b
+
+
+@cuda.jit(device=True)
+def _max(a, b):
+    if a != a:
+        return a
+    return a if a >= b else b
+
+
+@cuda.jit
+def _reduce_kernel(slots, lo, count, out, out_lo, op, divisor, zero):
+    nrows = slots.shape[0]
+    for i in range(cuda.grid(1), count, cuda.gridsize(1)):
+        acc = zero + slots[0, lo + i]
+        for k in range(1, nrows):
+            v = zero + slots[k, lo + i]
+            if op == MIN:
+                acc = _min(acc, v)
+            elif op == MAX:
+                acc = _max(acc, v)
+            else:
+                acc = acc + v
+        if op == MEAN:
+            acc = acc / divisor
+        out[out_lo + i] = acc
+
+
+# ------------------------------------------------------------------------- host side
+
+
+def _is_device_array(x: Any) -> bool:
+    if simulator_enabled():
+        return bool(getattr(x, "__cuda_ndarray__", False))
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def _as_device(x: Any, what: str) -> Any:
+    """A Numba device array for ``x`` (itself, or a zero-copy view of a CuPy array)."""
+    if not _is_device_array(x):
+        raise TypeError(
+            f"{what} is {type(x).__name__}; expected a device array (a Numba device array or "
+            "an object with __cuda_array_interface__ such as a CuPy array)"
+        )
+    if simulator_enabled() or cuda.is_cuda_ndarray(x):
+        return x
+    return cuda.as_cuda_array(x)
+
+
+def _address(x: Any) -> int:
+    if simulator_enabled():
+        return int(x._ary.__array_interface__["data"][0])
+    return int(x.__cuda_array_interface__["data"][0])
+
+
+def _is_c_contiguous(x: Any) -> bool:
+    if simulator_enabled():
+        return bool(x._ary.flags.c_contiguous)
+    strides = x.__cuda_array_interface__.get("strides")
+    if strides is None:
+        return True
+    expected = np.dtype(x.dtype).itemsize
+    for extent, stride in zip(reversed(x.shape), reversed(strides), strict=True):
+        if extent > 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
+
+
+def _launch_config(n: int) -> tuple[int, int]:
+    """(blocks, threads) for a grid-stride loop over ``n`` elements."""
+    if simulator_enabled():
+        threads, max_blocks = 16, 2  # every simulated thread is a Python thread
+    else:
+        threads, max_blocks = 256, 4096
+    return max(1, min(max_blocks, math.ceil(n / threads))), threads
+
+
+def _acc_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float32) if dtype.char == "e" else dtype
+
+
+def _scale_args(scale: float | None, dtype: np.dtype, what: str) -> tuple[Any, bool]:
+    if scale is None:
+        return _acc_dtype(dtype).type(1), False
+    if dtype.char not in _FLOAT_CHARS:
+        raise TypeError(
+            f"{what}: scale={scale!r} needs a float dtype, found {dtype}; pass scale=None"
+        )
+    return _acc_dtype(dtype).type(scale), True
+
+
+@dataclass(frozen=True)
+class TensorTable:
+    """The device-side description of a bucket's tensors (see the module docstring).
+
+    ``addrs`` and ``offsets`` are ``int64`` device arrays (``len(sizes)`` and
+    ``len(sizes) + 1`` entries), ``sizes`` the element counts, ``total`` their
+    sum, ``dtype`` the common dtype. ``tensors`` keeps the tensors alive.
+
+    Example: ``tensor_table([a, b]).total == a.size + b.size``.
+    """
+
+    addrs: Any
+    offsets: Any
+    sizes: tuple[int, ...]
+    total: int
+    dtype: np.dtype
+    tensors: tuple[Any, ...]
+
+
+def tensor_table(tensors: Sequence[Any], stream: Any = 0) -> TensorTable:
+    """A :class:`TensorTable` for C-contiguous device arrays of one dtype.
+
+    Example: ``table = tensor_table(grads)`` then ``pack_cuda(table, flat)``.
+    """
+    arrays = tuple(_as_device(t, f"tensor {i}") for i, t in enumerate(tensors))
+    if not arrays:
+        raise ValueError("tensor_table: no tensors; expected at least one device array")
+    dtype = np.dtype(arrays[0].dtype)
+    for i, a in enumerate(arrays):
+        if np.dtype(a.dtype) != dtype:
+            raise TypeError(
+                f"tensor_table: tensor {i} is {np.dtype(a.dtype)} but tensor 0 is {dtype}; "
+                "put tensors of one dtype in one bucket"
+            )
+        if not _is_c_contiguous(a):
+            raise ValueError(
+                f"tensor_table: tensor {i} of shape {tuple(a.shape)} is not C-contiguous; "
+                "pass a contiguous copy"
+            )
+    if dtype.char not in _SUPPORTED_CHARS:
+        raise TypeError(
+            f"tensor_table: dtype {dtype} is not supported; expected float16/32/64 or "
+            "(u)int8/16/32/64"
+        )
+    sizes = tuple(int(np.prod(a.shape, dtype=np.int64)) for a in arrays)
+    offsets = np.zeros(len(arrays) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    addrs = np.array([_address(a) for a in arrays], np.int64)
+    return TensorTable(
+        addrs=cuda.to_device(addrs, stream=stream),
+        offsets=cuda.to_device(offsets, stream=stream),
+        sizes=sizes,
+        total=int(offsets[-1]),
+        dtype=dtype,
+        tensors=arrays,
+    )
+
+
+def _table_and_flat(tensors: Any, flat: Any, what: str, stream: Any) -> tuple[TensorTable, Any]:
+    table = tensors if isinstance(tensors, TensorTable) else tensor_table(tensors, stream)
+    flat = _as_device(flat, f"{what}: flat")
+    if len(flat.shape) != 1 or np.dtype(flat.dtype) != table.dtype:
+        raise TypeError(
+            f"{what}: flat is {np.dtype(flat.dtype)} of shape {tuple(flat.shape)}; expected a "
+            f"1-D {table.dtype} device array"
+        )
+    if flat.shape[0] < table.total:
+        raise ValueError(
+            f"{what}: flat has {flat.shape[0]} elements but the tensors hold {table.total}; "
+            "pass a flat buffer at least that large"
+        )
+    return table, flat
+
+
+def pack_cuda(
+    tensors: Sequence[Any] | TensorTable, flat: Any, scale: float | None = None, stream: Any = 0
+) -> Any:
+    """Copy the tensors (times ``scale``) into ``flat[:total]`` in one kernel launch.
+
+    ``scale`` multiplies in the tensors' float dtype (``float32`` for
+    ``float16``, rounded once); integers take no scale. Returns ``flat``.
+
+    Example: ``pack_cuda(grads, flat, scale=1 / world_size)``.
+    """
+    table, flat = _table_and_flat(tensors, flat, "pack_cuda", stream)
+    scale_value, use_scale = _scale_args(scale, table.dtype, "pack_cuda")
+    if table.total:
+        blocks, threads = _launch_config(table.total)
+        _pack_kernel[blocks, threads, stream](
+            flat, table.addrs, table.offsets, table.total, scale_value, use_scale
+        )
+    return flat
+
+
+def unpack_cuda(
+    flat: Any, tensors: Sequence[Any] | TensorTable, scale: float | None = None, stream: Any = 0
+) -> None:
+    """Copy ``flat[:total]`` (times ``scale``) back into the tensors in one kernel launch.
+
+    The inverse of :func:`pack_cuda`, with the same scale rules.
+
+    Example: ``unpack_cuda(flat, table)`` after the all-reduce of ``flat``.
+    """
+    table, flat = _table_and_flat(tensors, flat, "unpack_cuda", stream)
+    scale_value, use_scale = _scale_args(scale, table.dtype, "unpack_cuda")
+    if table.total:
+        blocks, threads = _launch_config(table.total)
+        _unpack_kernel[blocks, threads, stream](
+            flat, table.addrs, table.offsets, table.total, scale_value, use_scale
+        )
+
+
+def reduce_slots_cuda(
+    slots: Any,
+    lo: int,
+    hi: int,
+    out: Any,
+    out_lo: int,
+    op: int,
+    divisor: int,
+    stream: Any = 0,
+) -> None:
+    """``out[out_lo + i - lo] = slots[0, i] OP ... OP slots[n-1, i]`` on the GPU, one launch.
+
+    The semantics of :func:`hpcdist.kernels.cpu.reduce_slots` (left fold in
+    row order, ``SUM``/``MEAN``/``MIN``/``MAX``, ``float16`` accumulated in
+    ``float32``, ``out`` may be a row of ``slots`` with ``out_lo == lo``);
+    each element is folded by one thread, so any row stride works.
+
+    Example: ``reduce_slots_cuda(window, 0, m, window[0], 0, SUM, 1)``.
+    """
+    slots = _as_device(slots, "reduce_slots_cuda: slots")
+    out = _as_device(out, "reduce_slots_cuda: out")
+    dtype = np.dtype(slots.dtype)
+    if len(slots.shape) != 2 or len(out.shape) != 1 or np.dtype(out.dtype) != dtype:
+        raise TypeError(
+            f"reduce_slots_cuda: slots is {dtype} of shape {tuple(slots.shape)} and out is "
+            f"{np.dtype(out.dtype)} of shape {tuple(out.shape)}; expected 2-D slots and 1-D out "
+            "of one dtype"
+        )
+    if dtype.char not in _SUPPORTED_CHARS:
+        raise TypeError(
+            f"reduce_slots_cuda: dtype {dtype} is not supported; expected float16/32/64 or "
+            "(u)int8/16/32/64"
+        )
+    if op not in (SUM, MEAN, MIN, MAX):
+        raise ValueError(f"reduce_slots_cuda: op is {op!r}; expected SUM=0, MEAN=1, MIN=2, MAX=3")
+    if op == MEAN and (dtype.char not in _FLOAT_CHARS or divisor <= 0):
+        raise ValueError(
+            f"reduce_slots_cuda: MEAN with divisor {divisor} on {dtype}; expected a float dtype "
+            "and a positive divisor"
+        )
+    nrows, m = slots.shape
+    if nrows < 1:
+        raise ValueError("reduce_slots_cuda: slots has no rows; expected at least one row")
+    if not 0 <= lo <= hi <= m:
+        raise ValueError(
+            f"reduce_slots_cuda: lo={lo}, hi={hi} is not a range of the {m} elements of a slot; "
+            "expected 0 <= lo <= hi <= slots.shape[1]"
+        )
+    count = hi - lo
+    if out_lo < 0 or out_lo + count > out.shape[0]:
+        raise ValueError(
+            f"reduce_slots_cuda: writing {count} elements at out_lo={out_lo} overruns out of "
+            f"{out.shape[0]} elements; pass a larger out"
+        )
+    if count == 0:
+        return
+    acc = _acc_dtype(dtype)
+    blocks, threads = _launch_config(count)
+    _reduce_kernel[blocks, threads, stream](
+        slots, lo, count, out, out_lo, op, acc.type(max(divisor, 1)), acc.type(0)
+    )
