@@ -47,7 +47,15 @@ import numpy as np
 
 from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
 from hpcdist.collectives import choice
-from hpcdist.collectives.fusion import Layout, addresses, build_layout, unfuse, wire_dtype
+from hpcdist.collectives.fusion import (
+    BufferPool,
+    Layout,
+    addresses,
+    build_layout,
+    data_address,
+    unfuse,
+    wire_dtype,
+)
 from hpcdist.collectives.metadata import describe_arrays, mismatch_message, signature_hash
 from hpcdist.collectives.mpi_backend import Call, PendingCollective, Plan, drive
 from hpcdist.collectives.mpi_reduce import reduce_calls
@@ -65,7 +73,7 @@ from hpcdist.collectives.shm_backend import (
     run_node_plan,
 )
 from hpcdist.errors import CollectiveMismatchError, CollectiveTimeoutError
-from hpcdist.kernels import gather_bytes
+from hpcdist.kernels import pack_pieces
 
 log = logging.getLogger("hpcdist")
 
@@ -73,6 +81,7 @@ ALIGN = 16  # byte alignment of each tensor in a broadcast buffer
 LAYOUT_CACHE_SIZE = 1024
 WHAT_CHARS = 300  # characters of a call's description in a timeout error
 _FALLBACK_WARNED: set[CI] = set()
+_OPS = {op.name: op for op in ReduceOp} | {op.name.lower(): op for op in ReduceOp}
 
 
 class _Simple(NamedTuple):
@@ -206,6 +215,7 @@ class Collectives:
         self._options = options if options is not None else CommunicationOptions()
         self._merged_cache: dict[Any, CommunicationOptions] = {}
         self._layouts: dict[tuple[Any, ...], Any] = {}
+        self._pool = BufferPool()
         self._pending: PendingCollective | None = None
         self._topology: _Topology | None = None
         self._mpi: Any = None
@@ -274,6 +284,7 @@ class Collectives:
 
         Example: ``c.allreduce([grad_w, grad_b], "MEAN")`` gives the averaged gradients.
         """
+        op = _OPS.get(op, op) if op.__class__ is str else op
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
         opts = self._merged(options)
@@ -285,9 +296,13 @@ class Collectives:
         if out is not None:
             out = self._check_out(out, layout)
         if self._size == 1:
-            fused = [self._pack_whole(g, items) for g in layout.groups]
-        else:
-            fused = self._reduce(items, layout, opts)
+            results = [
+                a.copy() if a.dtype.kind in "fcb" or op is not ReduceOp.MEAN
+                else np.asarray(divide_mean(a, 1))
+                for a in items
+            ]
+            return self._deliver(results, places, out)
+        fused = self._reduce(items, layout, opts)
         results: list[Any] = [None] * len(items)
         for group, buf in zip(layout.groups, fused, strict=True):
             if op is ReduceOp.MEAN and group.wire.kind in "iu":
@@ -295,6 +310,11 @@ class Collectives:
             elif op is ReduceOp.MEAN and self._size == 1:
                 buf = divide_mean(buf, 1)
             unfuse(group, buf, layout.shapes, results)
+        return self._deliver(results, places, out)
+
+    @staticmethod
+    def _deliver(results: list[Any], places: list[tuple[str, int]], out: Any) -> list[Any]:
+        """The results as asked: copied into ``out``, or on the inputs' devices."""
         if out is not None:
             for target, result in zip(out, results, strict=True):
                 if target is not result:
@@ -317,6 +337,7 @@ class Collectives:
         Example: on 2 ranks, ``c.reduce_scatter(np.ones(5), "SUM")`` gives
         ``[2., 2., 2.]`` on rank 0 and ``[2., 2.]`` on rank 1.
         """
+        op = _OPS.get(op, op) if op.__class__ is str else op
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
         opts = self._merged(options)
@@ -539,9 +560,10 @@ class Collectives:
         buf = np.empty(group.total, group.wire)
         whole = group.whole
         if whole.tensor.size:
-            base = addresses(items)
-            addrs = base[whole.tensor] + whole.src
-            gather_bytes(buf.view(np.uint8), addrs, whole.nbytes, whole.dst)
+            pack_pieces(
+                data_address(buf), addresses(items), whole.tensor, whole.src, whole.nbytes,
+                whole.dst,
+            )
         return buf
 
     def _checked(
@@ -566,11 +588,7 @@ class Collectives:
         text: str,
         what: str | None = None,
     ) -> Any:
-        try:
-            self._check_pending()
-        except CollectiveTimeoutError:
-            plan.close()
-            raise
+        self._check_pending(plan)
         try:
             return run_node_plan(window, plan, opts.timeout_seconds, what or _clip(text))
         except Mismatch:
@@ -593,7 +611,7 @@ class Collectives:
         check = None if single else MpiStep(self._comm, self._agree(layout))
         hierarchical = impl is CI.HIERARCHICAL and top.nodes > 1
         plan = allreduce_plan(
-            top.window, layout, items, self._size, top.leaders, hierarchical, check
+            top.window, layout, items, self._size, top.leaders, hierarchical, check, self._pool
         )
         return self._run_node(top.window, plan, opts, text)
 
@@ -626,19 +644,16 @@ class Collectives:
         return out
 
     def _run(self, plan: Plan, opts: CommunicationOptions, what: str) -> Any:
-        try:
-            self._check_pending()
-        except CollectiveTimeoutError:
-            plan.close()
-            raise
+        self._check_pending(plan)
         try:
             return drive(self._comm, plan, opts.timeout_seconds, what)
         except CollectiveTimeoutError as err:
             self._pending = err.request
             raise
 
-    def _check_pending(self) -> None:
-        """Refuse a new collective while a timed-out one is still pending on this rank."""
+    def _check_pending(self, plan: Any) -> None:
+        """Refuse a new collective (closing its ``plan``) while a timed-out one is still
+        pending on this rank."""
         if self._pending is not None:
             if not self._pending.done:
                 error = CollectiveTimeoutError(
@@ -647,6 +662,7 @@ class Collectives:
                     "Abort the job, or call err.request.Wait() on the earlier error first"
                 )
                 error.request = self._pending
+                plan.close()
                 raise error
             self._pending = None
 

@@ -16,14 +16,15 @@ accumulate it in ``float32``).
 Example:
     >>> import numpy as np
     >>> from hpcdist.collectives.ops import ReduceOp
-    >>> lay = build_layout([np.zeros(3, np.float32), np.zeros((2, 2), np.float32)],
-    ...                    ReduceOp.SUM, bucket_bytes=16, text="demo")
+    >>> lay = build_layout([np.zeros(30, np.float32), np.zeros((2, 2), np.float32)],
+    ...                    ReduceOp.SUM, bucket_bytes=64, text="demo")
     >>> [(g.wire.name, g.total, len(g.buckets)) for g in lay.groups]
-    [('float32', 7, 2)]
+    [('float32', 34, 3)]
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from hpcdist.collectives.metadata import signature_hash
 from hpcdist.collectives.ops import ReduceOp, divide_mean
+from hpcdist.kernels import address_of
 
 OP_CODES = {ReduceOp.SUM: 0, ReduceOp.MEAN: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3}
 ALIGN = 64  # bucket boundaries fall on multiples of this many bytes
@@ -184,11 +186,18 @@ def build_layout(
 def addresses(items: Sequence[np.ndarray]) -> np.ndarray:
     """The data address of each (C-contiguous) array, as int64.
 
-    Example: ``addresses([x])[0] == x.ctypes.data``.
+    Example: ``addresses([x])[0] == x.ctypes.data`` (float16 arrays included,
+    which compiled code only sees as ``uint16``).
     """
-    return np.fromiter(
-        (a.__array_interface__["data"][0] for a in items), dtype=np.int64, count=len(items)
-    )
+    return np.array([data_address(a) for a in items], dtype=np.int64)
+
+
+def data_address(a: np.ndarray) -> int:
+    """The data address of one array (float16 too, seen as ``uint16`` by compiled code).
+
+    Example: ``data_address(x) == x.ctypes.data``.
+    """
+    return address_of(a.view(np.uint16) if a.dtype.char == "e" else a)
 
 
 def unfuse(group: Group, fused: np.ndarray, shapes: Sequence[tuple[int, ...]], out: list) -> None:
@@ -202,3 +211,40 @@ def unfuse(group: Group, fused: np.ndarray, shapes: Sequence[tuple[int, ...]], o
         lo = first // ratio
         piece = view[lo : lo + count // ratio].reshape(shapes[index])
         out[index] = piece
+
+
+class BufferPool:
+    """Result buffers reused across steps once the caller has let go of them.
+
+    A fused result is handed out as views of one buffer. When the next call
+    with the same layout comes and nothing outside the pool refers to that
+    buffer any more (every view was dropped), it is reused: no allocation
+    and no page faults per step in a training loop. A buffer still in use is
+    left alone and a new one is made.
+
+    Example:
+        >>> pool = BufferPool()
+        >>> a = pool.take("k", 4, np.dtype(np.float32))
+        >>> pool.take("k", 4, np.dtype(np.float32)) is a  # still held: a new one
+        False
+    """
+
+    LIMIT = 256  # layouts whose last buffer is kept
+
+    def __init__(self) -> None:
+        self._spare: dict[object, np.ndarray] = {}
+
+    def take(self, key: object, count: int, dtype: np.dtype) -> np.ndarray:
+        """A 1-D buffer of ``count`` elements of ``dtype`` for ``key``, reused when free.
+
+        Example: ``buf = pool.take(("allreduce", layout.digest, 0), n, wire)``.
+        """
+        buf = self._spare.get(key)
+        # References: the pool's dict, ``buf`` here and getrefcount's argument.
+        if buf is not None and sys.getrefcount(buf) == 3:
+            return buf
+        buf = np.empty(count, dtype)
+        if len(self._spare) >= self.LIMIT:
+            self._spare.clear()
+        self._spare[key] = buf
+        return buf

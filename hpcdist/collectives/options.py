@@ -113,7 +113,7 @@ class CommunicationOptions:
         <CommunicationImplementation.AUTO: 'AUTO'>
     """
 
-    __slots__ = ("_bytes_per_pack", "_timeout_seconds", "_implementation")
+    __slots__ = ("_bytes_per_pack", "_timeout_seconds", "_implementation", "_hash")
 
     def __init__(
         self,
@@ -124,6 +124,7 @@ class CommunicationOptions:
         self._bytes_per_pack = _check_bytes_per_pack(bytes_per_pack)
         self._timeout_seconds = _check_timeout(timeout_seconds)
         self._implementation = CommunicationImplementation.from_any(implementation)
+        self._hash = hash(self._key())
 
     @property
     def bytes_per_pack(self) -> int:
@@ -183,7 +184,7 @@ class CommunicationOptions:
         return self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return self._hash
 
     def __repr__(self) -> str:
         return (

@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.kernels import atomic_store, wait_all
+from hpcdist.kernels import address_of, arrive_and_wait, atomic_store, wait_all
 
 LINE = 64  # bytes of one rank's flag line (a cache line)
 LINE_WORDS = LINE // 8
 ALIGN = 64  # byte alignment of slots
-SPINS = 1000  # spin iterations (~30 ns each) before a waiting rank starts to yield the CPU
+SPINS = 20000  # spin rounds (a few ns each) before a waiting rank starts to yield the CPU
 SPINS_BETWEEN_YIELDS = 200
 
 
@@ -85,6 +85,12 @@ class NodeWindow:
         memory, _ = self._win.Shared_query(0)
         raw = np.frombuffer(memory, dtype=np.uint8, count=total)
         self._raw = raw
+        base = address_of(raw) + n * LINE
+        self.slot_addresses = tuple(
+            tuple(base + which * self._set_bytes + k * self.slot_bytes for k in range(n))
+            for which in (0, 1)
+        )
+        self._views: dict[tuple[int, np.dtype, bool], np.ndarray] = {}
         self.flags = raw[: n * LINE].view(np.int64)
         self._data = raw[n * LINE :]
         self._seq = 0
@@ -117,19 +123,29 @@ class NodeWindow:
 
         Example: ``w.slots(1, np.float32)[w.rank]`` is this rank's fp32 slot.
         """
-        dtype = np.dtype(dtype)
-        base = self._data[which * self._set_bytes : which * self._set_bytes + self.size
-                          * self.slot_bytes]
-        return base.view(dtype).reshape(self.size, self.slot_bytes // dtype.itemsize)
+        key = (which, dtype, False)
+        view = self._views.get(key)
+        if view is None:
+            dt = np.dtype(dtype)
+            start = which * self._set_bytes
+            base = self._data[start : start + self.size * self.slot_bytes]
+            view = self._views[key] = base.view(dt).reshape(
+                self.size, self.slot_bytes // dt.itemsize
+            )
+        return view
 
     def result(self, which: int, dtype: np.dtype | type = np.uint8) -> np.ndarray:
         """The result area of set ``which`` as a 1-D array of ``dtype``.
 
         Example: ``w.result(0, np.float64)[:4]``.
         """
-        dtype = np.dtype(dtype)
-        start = which * self._set_bytes + self.size * self.slot_bytes
-        return self._data[start : start + self.slot_bytes].view(dtype)
+        key = (which, dtype, True)
+        view = self._views.get(key)
+        if view is None:
+            start = which * self._set_bytes + self.size * self.slot_bytes
+            view = self._data[start : start + self.slot_bytes].view(np.dtype(dtype))
+            self._views[key] = view
+        return view
 
     # -- synchronisation ----------------------------------------------------
 
@@ -160,6 +176,28 @@ class NodeWindow:
         """
         return [k for k in range(self.size) if int(self.flags[k * LINE_WORDS]) < seq]
 
+    def sync(self, digest: int, deadline: float | None) -> tuple[bool | None, int]:
+        """A barrier: arrive with ``digest`` and wait for every rank of the node.
+
+        Returns ``(agreed, seq)``: ``agreed`` says whether every rank passed
+        the same digest, or is ``None`` when ``deadline`` (a
+        ``time.monotonic()`` value) passed first; ``seq`` is the barrier's
+        sequence number, to finish it later with :meth:`wait` and :meth:`agreed`.
+        The common case is one compiled call (:func:`hpcdist.kernels.arrive_and_wait`).
+        Example: ``ok, _ = w.sync(h, None)``.
+        """
+        self._seq += 1
+        seq = self._seq
+        burst = 32 if self._oversubscribed else SPINS
+        status = arrive_and_wait(
+            self.flags, self.rank, self.size, LINE_WORDS, seq, digest, burst
+        )
+        if status:
+            return status > 0, seq
+        if not self._wait_more(seq, deadline):
+            return None, seq
+        return self.agreed(seq, digest), seq
+
     def wait(self, seq: int, deadline: float | None) -> bool:
         """Wait until every rank arrived at barrier ``seq``; ``False`` if ``deadline`` passed first.
 
@@ -169,27 +207,28 @@ class NodeWindow:
         ``time.monotonic()`` value (``None``: wait for ever).
         Example: ``w.wait(w.arrive(h), time.monotonic() + 30)``.
         """
-        flags, n = self.flags, self.size
         burst = 32 if self._oversubscribed else SPINS
-        if wait_all(flags, 0, n, LINE_WORDS, seq, burst):
+        if wait_all(self.flags, 0, self.size, LINE_WORDS, seq, burst):
             return True
+        return self._wait_more(seq, deadline)
+
+    def _wait_more(self, seq: int, deadline: float | None) -> bool:
+        flags, n = self.flags, self.size
         between = 16 if self._oversubscribed else SPINS_BETWEEN_YIELDS
         yield_cpu, clock = os.sched_yield, time.monotonic
         while True:
+            if deadline is not None and clock() > deadline:
+                return False
             yield_cpu()
             if wait_all(flags, 0, n, LINE_WORDS, seq, between):
                 return True
-            if deadline is not None and clock() > deadline:
-                return False
 
     def barrier(self, digest: int) -> bool:
         """Arrive and wait (no deadline); ``True`` if every rank passed ``digest``.
 
         Example: ``w.barrier(h)``.
         """
-        seq = self.arrive(digest)
-        self.wait(seq, None)
-        return self.agreed(seq, digest)
+        return bool(self.sync(digest, None)[0])
 
 
 # Windows live until MPI finalizes: freeing one is collective, so it cannot be

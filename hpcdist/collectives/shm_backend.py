@@ -34,13 +34,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hpcdist.collectives.fusion import OP_CODES, Layout, addresses
+from hpcdist.collectives.fusion import OP_CODES, BufferPool, Layout, addresses
 from hpcdist.collectives.mpi_backend import PendingCollective, Plan, drive
 from hpcdist.collectives.mpi_reduce import reduce_calls
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.shm import ALIGN, NodeWindow
 from hpcdist.errors import CollectiveTimeoutError
-from hpcdist.kernels import gather_bytes, reduce_slots
+from hpcdist.kernels import pack_pieces, reduce_slots
 
 #: Buckets up to this many bytes are reduced whole by every rank (one barrier).
 SMALL_BUCKET_BYTES = 64 * 1024
@@ -57,9 +57,9 @@ class MpiStep(NamedTuple):
     plan: Plan
 
 
-#: A node plan: a generator that yields barrier sequence numbers to wait for
-#: (``int``) or :class:`MpiStep` records (``result = yield MpiStep(...)``),
-#: and returns its result.
+#: A node plan: a generator that yields a node barrier (the call's digest,
+#: an ``int``; ``agreed = yield digest``) or an :class:`MpiStep`
+#: (``result = yield MpiStep(...)``), and returns its result.
 NodePlan = Generator[Any, None, Any]
 
 
@@ -91,29 +91,41 @@ class PendingNodeCollective:
         """Whether the collective has completed on this rank."""
         return self._plan is None
 
-    def _step_done(self, block: bool) -> bool:
+    def _step_done(self, block: bool) -> tuple[bool, Any]:
+        """Whether the step it stopped at is complete, and the value to send on."""
         step = self._step
-        if isinstance(step, int):
-            return self._window.wait(step, None if block else 0.0)
+        if isinstance(step, tuple):  # a node barrier: (seq, digest)
+            seq, digest = step
+            if not self._window.wait(seq, None if block else 0.0):
+                return False, None
+            return True, self._window.agreed(seq, digest)
         if block:
             step.Wait()
-            return True
-        return step.Test()
+        elif not step.Test():
+            return False, None
+        return True, step.result
 
     def _finish(self, block: bool) -> bool:
+        window = self._window
         while self._plan is not None:
-            if not self._step_done(block):
+            done, sent = self._step_done(block)
+            if not done:
                 return False
-            sent = None if isinstance(self._step, int) else self._step.result
             try:
-                self._step, value = _advance(self._plan, sent)
+                step, value = _advance(self._plan, sent)
+                while isinstance(step, int):  # further barriers: wait for them here
+                    agreed, seq = window.sync(step, None if block else 0.0)
+                    if agreed is None:
+                        self._step = (seq, step)
+                        return False
+                    step, value = _advance(self._plan, agreed)
             except BaseException:
                 self._plan = None
                 raise
-            if self._step is None:
+            if step is None:
                 self._plan, self.result = None, value
-            elif isinstance(self._step, MpiStep):
-                self._step = PendingCollective(self._step.comm, self._step.plan, _Done(), self.what)
+            else:
+                self._step = PendingCollective(step.comm, step.plan, _Done(), self.what)
         return True
 
     def Test(self) -> bool:
@@ -158,13 +170,13 @@ def run_node_plan(
     deadline = None if timeout is None else time.monotonic() + timeout
     step, value = _advance(plan)
     while step is not None:
-        sent = None
         if isinstance(step, int):
-            if not window.wait(step, deadline):
+            sent, seq = window.sync(step, deadline)
+            if sent is None:
                 error = _timeout_error(
-                    what, timeout, f"at a node barrier, local ranks {window.missing(step)} late"
+                    what, timeout, f"at a node barrier, local ranks {window.missing(seq)} late"
                 )
-                error.request = PendingNodeCollective(window, plan, step, what)
+                error.request = PendingNodeCollective(window, plan, (seq, step), what)
                 raise error
         else:
             left = None if deadline is None else max(1e-6, deadline - time.monotonic())
@@ -201,6 +213,7 @@ def allreduce_plan(
     leaders: Any = None,
     hierarchical: bool = False,
     first_step: MpiStep | None = None,
+    pool: BufferPool | None = None,
 ) -> NodePlan:
     """The node plan reducing ``items`` (C-contiguous host arrays) across the node.
 
@@ -218,18 +231,22 @@ def allreduce_plan(
     first = True
     out: list[np.ndarray] = []
     digest = layout.digest
-    for group in layout.groups:
-        fused = np.empty(group.total, group.wire)
+    for index, group in enumerate(layout.groups):
+        if pool is None:
+            fused = np.empty(group.total, group.wire)
+        else:
+            fused = pool.take((layout.digest, index), group.total, group.wire)
         wire = group.wire
         code = _code(layout.op, wire, hierarchical)
         for bucket in group.buckets:
             which = window.next_set()
             if bucket.tensor.size:
-                addrs = base[bucket.tensor] + bucket.src
-                gather_bytes(window.slots(which)[me], addrs, bucket.nbytes, bucket.dst)
-            seq = window.arrive(digest)
-            yield seq
-            if first and not window.agreed(seq, digest):
+                pack_pieces(
+                    window.slot_addresses[which][me], base, bucket.tensor, bucket.src,
+                    bucket.nbytes, bucket.dst,
+                )
+            agreed = yield digest
+            if first and not agreed:
                 raise Mismatch(layout.text)
             first = False
             m = bucket.hi - bucket.lo
@@ -242,11 +259,11 @@ def allreduce_plan(
             lo, hi = me * step, min(m, (me + 1) * step)
             if lo < hi:
                 reduce_slots(typed, lo, hi, result, lo, code, divisor)
-            yield window.arrive(digest)
+            yield digest
             if hierarchical:
                 if leaders is not None:
                     yield MpiStep(leaders, reduce_calls(leaders, result[:m], layout.op, 0))
-                yield window.arrive(digest)
+                yield digest
             np.copyto(fused[bucket.lo : bucket.hi], result[:m])
         if hierarchical and layout.op is ReduceOp.MEAN and wire.kind == "f":
             np.divide(fused, np.asarray(divisor, dtype=wire), out=fused)
@@ -267,13 +284,12 @@ def reduce_scatter_plan(
     bucket = group.whole
     which = window.next_set()
     if bucket.tensor.size:
-        base = addresses([item])
-        gather_bytes(
-            window.slots(which)[me], base[bucket.tensor] + bucket.src, bucket.nbytes, bucket.dst
+        pack_pieces(
+            window.slot_addresses[which][me], addresses([item]), bucket.tensor, bucket.src,
+            bucket.nbytes, bucket.dst,
         )
-    seq = window.arrive(layout.digest)
-    yield seq
-    if not window.agreed(seq, layout.digest):
+    agreed = yield layout.digest
+    if not agreed:
         raise Mismatch(layout.text)
     lo, hi = bounds[me], bounds[me + 1]
     out = np.empty(hi - lo, group.wire)
@@ -291,9 +307,8 @@ def check_plan(
 
     Example: ``run_node_plan(w, check_plan(w, h, text), None, text)``.
     """
-    seq = window.arrive(digest)
-    yield seq
-    if not window.agreed(seq, digest):
+    agreed = yield digest
+    if not agreed:
         if then is not None:
             then.close()
         raise Mismatch(text)

@@ -23,9 +23,20 @@ from hpcdist.kernels.cpu import (
     scatter_bytes,
 )
 from hpcdist.kernels.half import float_to_half, half_to_float
-from hpcdist.kernels.sync import atomic_load, atomic_store, cpu_pause, wait_all, wait_equal
+from hpcdist.kernels.pack import address_of, pack_pieces
+from hpcdist.kernels.sync import (
+    arrive_and_wait,
+    atomic_load,
+    atomic_store,
+    cpu_pause,
+    wait_all,
+    wait_equal,
+)
 
 __all__ = [
+    "address_of",
+    "pack_pieces",
+    "arrive_and_wait",
     "MAX",
     "MEAN",
     "MIN",
