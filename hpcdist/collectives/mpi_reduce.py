@@ -26,12 +26,11 @@ Example:
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-from hpcdist.collectives.mpi_backend import Call, Plan, drive
+from hpcdist.collectives.mpi_backend import Call, Plan
 from hpcdist.collectives.ops import ReduceOp
 
 
@@ -67,14 +66,3 @@ def reduce_calls(comm: Any, buf: np.ndarray, op: ReduceOp, bytes_per_pack: int) 
     if work is not buf:
         buf[...] = work  # rounded once, identically on every rank (same float32 bits)
     return buf
-
-
-def reduce_inplace(
-    comm: Any, buf: np.ndarray, op: ReduceOp, deadline: float | None, what: str
-) -> None:
-    """Run :func:`reduce_calls` on ``comm`` now, with what is left until ``deadline``.
-
-    Example: ``reduce_inplace(leaders_comm, node_sum, ReduceOp.SUM, None, "allreduce")``.
-    """
-    timeout = None if deadline is None else max(1e-6, deadline - time.monotonic())
-    drive(comm, reduce_calls(comm, buf, op, 0), timeout, what)

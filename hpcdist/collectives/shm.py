@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.kernels import address_of, arrive_and_wait, atomic_store, wait_all
+from hpcdist.kernels import address_of, arrive_and_wait, wait_all
 
 LINE = 64  # bytes of one rank's flag line (a cache line)
 LINE_WORDS = LINE // 8
@@ -149,18 +149,6 @@ class NodeWindow:
 
     # -- synchronisation ----------------------------------------------------
 
-    def arrive(self, digest: int) -> int:
-        """Announce this rank at the next barrier with the call's ``digest``; its sequence number.
-
-        Example: ``seq = w.arrive(h); w.wait(seq, None); ok = w.agreed(seq, h)``.
-        """
-        self._seq += 1
-        seq = self._seq
-        line = self.rank * LINE_WORDS
-        self.flags[line + 1 + (seq & 1)] = digest
-        atomic_store(self.flags, line, seq)
-        return seq
-
     def agreed(self, seq: int, digest: int) -> bool:
         """Whether every rank arrived at barrier ``seq`` with ``digest`` (call after :meth:`wait`).
 
@@ -205,7 +193,7 @@ class NodeWindow:
         away), then yields the CPU between short spins, so ranks that share
         cores with others still make progress. ``deadline`` is a
         ``time.monotonic()`` value (``None``: wait for ever).
-        Example: ``w.wait(w.arrive(h), time.monotonic() + 30)``.
+        Example: ``w.wait(seq, time.monotonic() + 30)`` for a ``seq`` from :meth:`sync`.
         """
         burst = 32 if self._oversubscribed else SPINS
         if wait_all(self.flags, 0, self.size, LINE_WORDS, seq, burst):
