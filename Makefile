@@ -28,7 +28,7 @@ MPI_PYTEST := $(PY) -m pytest -q --no-header --color=no -p no:cacheprovider --wi
 .PHONY: help install demo test lint unit mpi-test bench clean
 
 help:
-	@echo "make demo   - install (first time) and run the main job"
+	@echo "make demo   - install (first time) and run the main job (digits, 2 ranks)"
 	@echo "make test   - install (first time) and run lint, unit and multi-rank tests"
 	@echo "make bench  - run the benchmarks, results in benchmarks/results/"
 
@@ -41,7 +41,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(MPIRUN) -n 2 $(VENV)/bin/hpcdist info
+	$(MPIRUN) -n 2 $(PY) examples/train_digits.py --min-accuracy 0.95
 
 lint: install
 	$(VENV)/bin/ruff check hpcdist tests benchmarks examples
@@ -65,6 +65,8 @@ bench: install
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/bucket_size.py
 	timeout -k 20 900 $(PY) benchmarks/input_pipeline.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/input_pipeline.py
+	timeout -k 20 900 $(PY) benchmarks/optimizer_update.py
+	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/train_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

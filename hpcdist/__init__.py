@@ -3,7 +3,9 @@
 ``import hpcdist as hd`` reads like ``tf.distribute``: ``hd.MirroredStrategy``,
 ``hd.MultiWorkerMirroredStrategy``, ``hd.ReduceOp``, ``hd.get_replica_context``,
 ``hd.Variable``, ``hd.experimental.CommunicationOptions``,
-``hd.cluster_resolver.SlurmClusterResolver``. Importing hpcdist does not
+``hd.cluster_resolver.SlurmClusterResolver``; training reads like ``tf.keras``:
+``hd.nn.Sequential``, ``hd.nn.Dense``, ``hd.optimizers.Adam``,
+``hd.callbacks.EarlyStopping``. Importing hpcdist does not
 start MPI; :func:`hpcdist.runtime.world` (and a multi-worker strategy) does.
 
 Example:
@@ -13,7 +15,16 @@ Example:
     2
 """
 
-from hpcdist import cluster_resolver, data, errors, experimental, runtime
+from hpcdist import (
+    callbacks,
+    cluster_resolver,
+    data,
+    errors,
+    experimental,
+    nn,
+    optimizers,
+    runtime,
+)
 from hpcdist.collectives.options import CommunicationImplementation, CommunicationOptions
 from hpcdist.data.input_context import InputContext, InputOptions, InputReplicationMode
 from hpcdist.distribute import *  # noqa: F403  (the tf.distribute names, listed in __all__)
@@ -30,10 +41,13 @@ __all__ = [
     "InputReplicationMode",
     "World",
     "__version__",
+    "callbacks",
     "cluster_resolver",
     "data",
     "errors",
     "experimental",
+    "nn",
+    "optimizers",
     "runtime",
     "world",
     *_distribute_names,

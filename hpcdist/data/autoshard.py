@@ -244,7 +244,8 @@ def apply_autoshard(
     ``policy`` overrides the dataset's own option. ``FILE`` returns the
     dataset with its files sharded; ``DATA`` and ``OFF`` return it unchanged
     (DATA's per-batch selection happens when rebatching). The choice is
-    logged once, by worker 0: a warning for ``DATA``, info otherwise.
+    logged once, by worker 0: a warning when ``AUTO`` falls back to ``DATA`` (or a
+    shuffle has no seed), info otherwise.
 
     Example: ``apply_autoshard(ds, 2, 0).policy`` is ``AutoShardPolicy.DATA`` for a
     ``Dataset.range`` pipeline.
@@ -260,7 +261,9 @@ def apply_autoshard(
                 "and others never; give it a seed"
             )
         if worker_index == 0:
-            level = logging.WARNING if chosen is AutoShardPolicy.DATA or unseeded else logging.INFO
+            # Falling back to DATA is a warning; DATA asked for explicitly is the user's choice.
+            fell_back = chosen is AutoShardPolicy.DATA and requested is not AutoShardPolicy.DATA
+            level = logging.WARNING if fell_back or unseeded else logging.INFO
             log.log(level, "hpcdist distributed dataset (%d workers): %s", num_workers, reason)
     if chosen is AutoShardPolicy.FILE:
         dataset = shard_files(dataset, num_workers, worker_index)

@@ -38,3 +38,23 @@ def test_strategies_tour_under_mpirun_2():
         in lines["replica-context assign with aggregation NONE"]
     )
     assert done.stdout.count("num_replicas_in_sync") == 1  # only the chief prints
+
+
+def test_train_digits_reaches_95_percent_on_2_ranks():
+    done = _mpirun("examples/train_digits.py", "--verbose", "2", "--min-accuracy", "0.95", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert out.count("test accuracy:") == 1  # the chief prints, once
+    accuracy = float(out.split("test accuracy:")[1].split()[0])
+    assert accuracy >= 0.95
+    assert "Epoch 20/20" in out and "val_accuracy" in out and "wall time:" in out
+
+
+def test_seed_example_and_custom_loop_run_on_2_ranks():
+    done = _mpirun("examples/seed_keras_fit.py", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert float(done.stdout.split("final accuracy:")[1].split()[0]) > 0.9
+    done = _mpirun("examples/custom_loop.py", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    last = [line for line in done.stdout.splitlines() if line.startswith("epoch 10:")]
+    assert len(last) == 1 and float(last[0].rsplit("accuracy", 1)[1]) > 0.9

@@ -249,6 +249,14 @@ def test_auto_chooses_file_with_enough_files_and_data_otherwise(npy_files, caplo
     assert all(r.levelno == logging.WARNING for r in caplog.records[1:])
 
 
+def test_explicit_data_policy_is_info_not_a_warning(caplog):
+    with caplog.at_level(logging.INFO, logger="hpcdist"):
+        plan = apply_autoshard(Dataset.range(8).batch(2), 2, 0, AutoShardPolicy.DATA)
+    assert plan.policy is AutoShardPolicy.DATA
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert "auto_shard_policy is DATA" in caplog.records[0].getMessage()
+
+
 def test_decision_is_logged_once_by_worker_zero_only(caplog):
     ds = Dataset.range(8).batch(2)
     with caplog.at_level(logging.INFO, logger="hpcdist"):

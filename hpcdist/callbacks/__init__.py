@@ -1,0 +1,31 @@
+"""Keras-style training callbacks: hooks called by ``fit``, ``evaluate`` and ``predict``.
+
+``Callback`` (base class), ``CallbackList`` (calls the hooks of many), ``History`` (the
+per-epoch logs, returned by ``fit``), ``ProgressBar`` (tqdm bar and epoch lines on the chief),
+``CSVLogger``, ``ModelCheckpoint`` (weights only) and ``EarlyStopping``. Files are written and
+lines printed by the chief worker only; every worker takes the same decisions.
+
+Example:
+    >>> import hpcdist.callbacks as cb
+    >>> callbacks = cb.CallbackList([cb.EarlyStopping(monitor="loss", patience=3)],
+    ...                             add_history=True, add_progbar=True, verbose=0, epochs=10)
+    >>> [type(c).__name__ for c in callbacks]
+    ['ProgressBar', 'EarlyStopping', 'History']
+"""
+
+from hpcdist.callbacks.base import Callback, CallbackList, History, is_chief
+from hpcdist.callbacks.checkpoint import ModelCheckpoint
+from hpcdist.callbacks.csv_logger import CSVLogger
+from hpcdist.callbacks.early_stopping import EarlyStopping
+from hpcdist.callbacks.progress import ProgressBar
+
+__all__ = [
+    "CSVLogger",
+    "Callback",
+    "CallbackList",
+    "EarlyStopping",
+    "History",
+    "ModelCheckpoint",
+    "ProgressBar",
+    "is_chief",
+]

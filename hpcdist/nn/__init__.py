@@ -1,0 +1,39 @@
+"""Training on strategies: layers with explicit backward passes, losses, metrics and models.
+
+``hd.nn`` plays the part of ``tf.keras`` (layers, ``Sequential``, losses,
+metrics) and of ``tf.nn.compute_average_loss``. There is no general automatic
+differentiation: every layer has a hand-written backward pass, and
+:func:`value_and_grad` runs the model forward, the loss and the backward passes
+(the stand-in for ``tf.GradientTape`` in custom loops).
+
+Example:
+    >>> import hpcdist as hd
+    >>> model = hd.nn.Sequential([hd.nn.Dense(2, input_shape=(3,))])
+    >>> [tuple(v.shape) for v in model.trainable_variables]
+    [(3, 2), (2,)]
+"""
+
+from hpcdist.nn import activations, backend, initializers, losses, metrics
+from hpcdist.nn.autodiff import value_and_grad
+from hpcdist.nn.layers import Activation, Dense, Dropout, InputLayer, Layer
+from hpcdist.nn.losses import compute_average_loss, scale_regularization_loss
+from hpcdist.nn.model import Model
+from hpcdist.nn.sequential import Sequential
+
+__all__ = [
+    "Activation",
+    "Dense",
+    "Dropout",
+    "InputLayer",
+    "Layer",
+    "Model",
+    "Sequential",
+    "activations",
+    "backend",
+    "compute_average_loss",
+    "initializers",
+    "losses",
+    "metrics",
+    "scale_regularization_loss",
+    "value_and_grad",
+]

@@ -1,0 +1,551 @@
+"""Layers with explicit forward and backward passes: Dense, Activation, Dropout, InputLayer.
+
+``forward(x, training)`` returns ``(y, cache)`` and ``backward(cache, dy)``
+returns ``(dx, grads)``, ``grads`` aligned with ``layer.trainable_weights``.
+Both are pure: nothing is stored on the layer, so the replicas of a
+``MirroredStrategy`` can run one layer at the same time on their threads.
+Weights are read with ``var._read()``, which inside ``strategy.run`` is the
+current replica's copy. Inputs are cast to the layer's dtype
+(:func:`hpcdist.nn.backend.floatx` unless given).
+
+Example:
+    >>> import numpy as np
+    >>> layer = Dense(2, kernel_initializer="ones", dtype="float64")
+    >>> layer.build((None, 3))
+    >>> y, cache = layer.forward(np.array([[1.0, 2.0, 3.0]]))
+    >>> y
+    array([[6., 6.]])
+    >>> dx, (dkernel, dbias) = layer.backward(cache, np.ones((1, 2)))
+    >>> dx, dkernel.ravel(), dbias
+    (array([[2., 2., 2.]]), array([1., 1., 2., 2., 3., 3.]), array([1., 1.]))
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+from hpcdist.arrays import array_module, asarray, is_array, is_cupy, to_host
+from hpcdist.distribute import context
+from hpcdist.distribute.variables import Variable, VariableAggregation, VariableSynchronization
+from hpcdist.nn import activations as activations_mod
+from hpcdist.nn import backend
+from hpcdist.nn import initializers as initializers_mod
+
+_FLOATS = ("float16", "float32", "float64")
+
+
+def snake_case(name: str) -> str:
+    """``"Dense"`` -> ``"dense"``, ``"InputLayer"`` -> ``"input_layer"`` (default layer names).
+
+    Example: ``snake_case("MyLayer") == "my_layer"``.
+    """
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def resolve_dtype(dtype: Any) -> str:
+    """The float dtype name of a layer: ``dtype`` or, when ``None``, the current floatx.
+
+    Example: ``resolve_dtype(None) == "float32"``; ``resolve_dtype(np.float64) == "float64"``.
+    """
+    if dtype is None:
+        return backend.floatx()
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = repr(dtype)
+    if name not in _FLOATS:
+        raise ValueError(f"layer dtype is {dtype!r}; expected one of {', '.join(_FLOATS)}")
+    return name
+
+
+def cast_input(x: Any, dtype: str, xp: Any = None) -> Any:
+    """``x`` as an array of ``dtype`` in the array module ``xp`` (``x``'s own by default).
+
+    No copy when ``x`` already is one. A CuPy ``x`` for NumPy weights comes to
+    the host; a NumPy ``x`` for CuPy weights goes to the current GPU.
+
+    Example: ``cast_input([1, 2], "float32")`` is ``array([1., 2.], dtype=float32)``.
+    """
+    if not is_array(x):
+        x = asarray(x._read() if isinstance(x, Variable) else x)
+    if xp is None:
+        xp = array_module(x)
+    elif xp is np and is_cupy(x):
+        x = to_host(x)
+    elif xp is not np and not is_cupy(x):
+        x = xp.asarray(x)
+    return x.astype(dtype, copy=False)
+
+
+def check_build_context(what: str, how: str) -> None:
+    """Raise unless variables may be created here: not inside ``strategy.run``.
+
+    A layer or model built inside ``run`` would create its variables from
+    every replica thread; it must be built before, in the cross-replica
+    context (or outside any strategy).
+
+    Example: ``check_build_context("model", "model.build(input_shape)")`` passes outside run.
+    """
+    mode = context.current_mode()
+    if mode.replica is not None and mode.strategy is not context.default_strategy():
+        raise RuntimeError(
+            f"{what} is not built, and it cannot be built inside strategy.run (each replica would "
+            f"create its own weights). Build it first, outside strategy.run: call {how} "
+            "(input_shape includes the batch dimension, e.g. (None, 10)), or call it once on a "
+            "batch outside strategy.run"
+        )
+
+
+def _check_shape(what: str, expected: tuple, found: tuple) -> None:
+    if tuple(found) != tuple(expected):
+        raise ValueError(
+            f"{what}: the output gradient dy has shape {tuple(found)}, but the layer's output had "
+            f"shape {tuple(expected)}; pass dL/dy of the same shape as the forward output"
+        )
+
+
+class Layer:
+    """Base class of layers (``tf.keras.layers.Layer``) with an explicit backward pass.
+
+    Subclasses define ``build`` (create weights with :meth:`add_weight`),
+    ``forward`` and ``backward``, and ``compute_output_shape`` when the
+    shape changes.
+
+    Example:
+        >>> import numpy as np
+        >>> class Scale(Layer):
+        ...     def forward(self, x, training=False):
+        ...         return 2 * np.asarray(x), None
+        ...     def backward(self, cache, dy):
+        ...         return 2 * dy, []
+        >>> Scale()(np.ones(2))
+        array([2., 2.])
+    """
+
+    def __init__(
+        self,
+        trainable: bool = True,
+        name: str | None = None,
+        dtype: Any = None,
+        input_shape: tuple | None = None,
+    ) -> None:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"layer name is {name!r}; expected a non-empty string or None")
+        self._name = name
+        self._base_name = snake_case(type(self).__name__)
+        self._trainable = bool(trainable)
+        self.built = False
+        self.dtype = resolve_dtype(dtype)
+        self._trainable_weights: list[Variable] = []
+        self._non_trainable_weights: list[Variable] = []
+        self._batch_input_shape: tuple | None = None
+        if input_shape is not None:
+            self._batch_input_shape = (None, *_shape_tuple(input_shape, "input_shape"))
+
+    # -- description --------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The layer's name (set by the model it is added to, when not given)."""
+        return self._name or self._base_name
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the layer's weights are trained (settable, to freeze a layer)."""
+        return self._trainable
+
+    @trainable.setter
+    def trainable(self, value: bool) -> None:
+        self._trainable = bool(value)
+
+    @property
+    def trainable_weights(self) -> list[Variable]:
+        """The weights an optimizer updates (none when the layer is frozen)."""
+        return list(self._trainable_weights) if self._trainable else []
+
+    @property
+    def non_trainable_weights(self) -> list[Variable]:
+        """The weights that are not trained."""
+        if self._trainable:
+            return list(self._non_trainable_weights)
+        return self._trainable_weights + self._non_trainable_weights
+
+    @property
+    def weights(self) -> list[Variable]:
+        """All weights: trainable ones first."""
+        return self.trainable_weights + self.non_trainable_weights
+
+    trainable_variables = trainable_weights
+    non_trainable_variables = non_trainable_weights
+    variables = weights
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} built={self.built}>"
+
+    # -- building ----------------------------------------------------------------------
+    def build(self, input_shape: tuple) -> None:
+        """Create the weights for inputs of ``input_shape`` (batch dimension included).
+
+        Example: ``layer.build((None, 10))``.
+        """
+        self.built = True
+
+    def _build(self, input_shape: tuple) -> None:
+        """Build for ``input_shape`` and record it (what ``__call__`` and models use)."""
+        input_shape = _shape_tuple(input_shape, "input_shape")
+        if self._name is None:
+            self._name = self._base_name  # from now on the weight names are fixed
+        self.build(input_shape)
+        self.built = True
+        self._build_input_shape = input_shape
+
+    def add_weight(
+        self,
+        name: str,
+        shape: tuple,
+        initializer: Any = "zeros",
+        trainable: bool = True,
+        dtype: Any = None,
+        *,
+        synchronization: VariableSynchronization | str = VariableSynchronization.AUTO,
+        aggregation: VariableAggregation | str = VariableAggregation.NONE,
+    ) -> Variable:
+        """Create a weight ``"<layer name>/<name>"`` in the current strategy scope.
+
+        Example: ``self.kernel = self.add_weight("kernel", (n_in, n_out), "glorot_uniform")``.
+        """
+        if self._name is None:
+            self._name = self._base_name
+        dtype = self.dtype if dtype is None else np.dtype(dtype).name
+        shape = _shape_tuple(shape, "shape")
+        init = initializers_mod.get(initializer) or initializers_mod.Zeros()
+        value = asarray(init(shape, dtype))
+        if tuple(value.shape) != shape:
+            raise ValueError(
+                f"the initializer of weight {self.name}/{name} returned shape "
+                f"{tuple(value.shape)}; expected {shape}"
+            )
+        var = Variable(
+            value,
+            name=f"{self.name}/{name}",
+            trainable=trainable,
+            dtype=dtype,
+            synchronization=synchronization,
+            aggregation=aggregation,
+        )
+        (self._trainable_weights if trainable else self._non_trainable_weights).append(var)
+        return var
+
+    def compute_output_shape(self, input_shape: tuple) -> tuple:
+        """The output shape for ``input_shape`` (the same, unless a subclass says otherwise).
+
+        Example: ``Dense(3).compute_output_shape((None, 5)) == (None, 3)``.
+        """
+        return tuple(input_shape)
+
+    def _require_built(self) -> None:
+        if not self.built:
+            raise RuntimeError(
+                f"layer {self.name!r} is not built: call layer.build(input_shape) or call the "
+                "layer on an input first"
+            )
+
+    # -- computing ---------------------------------------------------------------------
+    def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
+        """``(y, cache)`` for the input ``x``; pure (stores nothing on the layer)."""
+        raise NotImplementedError(f"{type(self).__name__} must define forward(x, training)")
+
+    def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
+        """``(dx, grads)`` from a forward ``cache`` and the output gradient ``dy``."""
+        raise NotImplementedError(f"{type(self).__name__} must define backward(cache, dy)")
+
+    def _backward(self, cache: Any, dy: Any, need_dx: bool) -> tuple[Any, list[Any]]:
+        """``backward``; layers that can skip computing ``dx`` when not needed override it."""
+        return self.backward(cache, dy)
+
+    def __call__(self, x: Any, training: bool = False) -> Any:
+        """Build from ``x.shape`` if needed, then ``forward(x, training)[0]``."""
+        if not self.built:
+            check_build_context(f"layer {self.name!r}", "layer.build(input_shape)")
+            x = asarray(x)
+            self._build((None, *x.shape[1:]))
+        return self.forward(x, training)[0]
+
+    # -- counting and configuration -------------------------------------------------------
+    def count_params(self) -> int:
+        """The number of scalars in the layer's weights.
+
+        Example: ``Dense(3, input_shape=(4,))`` built has ``4 * 3 + 3 == 15``.
+        """
+        if not self.built:
+            raise ValueError(
+                f"layer {self.name!r} is not built, so it has no weights to count yet: build it "
+                "(layer.build(input_shape)) or call it on an input first"
+            )
+        return int(sum(v.size for v in self.weights))
+
+    def get_config(self) -> dict[str, Any]:
+        """The constructor arguments (``type(layer)(**layer.get_config())`` makes a twin)."""
+        config: dict[str, Any] = {"name": self.name, "trainable": self.trainable}
+        config["dtype"] = self.dtype
+        if self._batch_input_shape is not None:
+            config["input_shape"] = self._batch_input_shape[1:]
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Layer:
+        """A layer made from :meth:`get_config`'s dict."""
+        return cls(**config)
+
+
+def _shape_tuple(shape: Any, what: str) -> tuple:
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        out = tuple(None if d is None else int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} is {shape!r}; expected a tuple of ints (or None)") from None
+    if any(d is not None and d < 0 for d in out):
+        raise ValueError(f"{what} is {shape!r}; dimensions must not be negative")
+    return out
+
+
+class InputLayer(Layer):
+    """Declares the input shape of a model (``tf.keras.layers.InputLayer``); no weights.
+
+    ``Sequential([InputLayer((10,)), Dense(1)])`` builds at construction; the
+    input layer is not listed in ``model.layers`` (as in Keras).
+
+    Example: ``InputLayer((28 * 28,))``.
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple | None = None,
+        batch_size: int | None = None,
+        dtype: Any = None,
+        name: str | None = None,
+    ) -> None:
+        if input_shape is None:
+            raise ValueError("InputLayer needs input_shape, e.g. InputLayer((10,))")
+        super().__init__(name=name, dtype=dtype, input_shape=input_shape)
+        if batch_size is not None:
+            self._batch_input_shape = (int(batch_size), *self._batch_input_shape[1:])
+        self.built = True
+
+    def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
+        return cast_input(x, self.dtype), None
+
+    def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
+        return dy, []
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.pop("trainable")
+        return config
+
+
+class Dense(Layer):
+    """A fully connected layer: ``y = activation(x @ kernel + bias)`` (``tf.keras.layers.Dense``).
+
+    The kernel has shape ``(input features, units)``, the bias ``(units,)``.
+    Inputs of higher rank are multiplied along their last axis.
+
+    Example:
+        >>> import numpy as np
+        >>> layer = Dense(3, activation="relu")
+        >>> layer(np.ones((2, 4))).shape, [w.name for w in layer.weights]
+        ((2, 3), ['dense/kernel', 'dense/bias'])
+    """
+
+    def __init__(
+        self,
+        units: int,
+        activation: Any = None,
+        use_bias: bool = True,
+        kernel_initializer: Any = "glorot_uniform",
+        bias_initializer: Any = "zeros",
+        input_shape: tuple | None = None,
+        dtype: Any = None,
+        name: str | None = None,
+        trainable: bool = True,
+    ) -> None:
+        super().__init__(trainable=trainable, name=name, dtype=dtype, input_shape=input_shape)
+        if isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units <= 0:
+            raise ValueError(f"Dense units is {units!r}; expected a positive integer")
+        self.units = int(units)
+        self.activation = activations_mod.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = initializers_mod.get(kernel_initializer)
+        self.bias_initializer = initializers_mod.get(bias_initializer)
+
+    def build(self, input_shape: tuple) -> None:
+        if len(input_shape) < 1 or input_shape[-1] is None:
+            raise ValueError(
+                f"the last dimension of the inputs to Dense layer {self.name!r} must be known; "
+                f"found input shape {tuple(input_shape)}"
+            )
+        n_in = input_shape[-1]
+        self.kernel = self.add_weight("kernel", (n_in, self.units), self.kernel_initializer)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight("bias", (self.units,), self.bias_initializer)
+        self.built = True
+
+    def compute_output_shape(self, input_shape: tuple) -> tuple:
+        return (*tuple(input_shape)[:-1], self.units)
+
+    def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
+        self._require_built()
+        w = self.kernel._read()
+        x = cast_input(x, self.dtype, array_module(w))
+        if x.ndim == 0 or x.shape[-1] != w.shape[0]:
+            raise ValueError(
+                f"Dense layer {self.name!r} expects inputs whose last dimension is {w.shape[0]}; "
+                f"found input shape {tuple(x.shape)}"
+            )
+        z = x @ w
+        if self.bias is not None:
+            z += self.bias._read()
+        y, act_cache = self.activation.forward(z)
+        return y, (x, w, act_cache)
+
+    def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
+        return self._backward(cache, dy, True)
+
+    def _backward(self, cache: Any, dy: Any, need_dx: bool) -> tuple[Any, list[Any]]:
+        x, w, act_cache = cache
+        dy = cast_input(dy, self.dtype, array_module(w))
+        _check_shape(f"Dense layer {self.name!r}", (*x.shape[:-1], self.units), dy.shape)
+        dz = self.activation.backward(act_cache, dy)
+        grads = []
+        if self._trainable:
+            x2 = x.reshape(-1, x.shape[-1])
+            dz2 = dz.reshape(-1, self.units)
+            grads.append(x2.T @ dz2)
+            if self.bias is not None:
+                grads.append(dz2.sum(axis=0))
+        dx = dz @ w.T if need_dx else None
+        return dx, grads
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            units=self.units,
+            activation=activations_mod.serialize(self.activation),
+            use_bias=self.use_bias,
+            kernel_initializer=initializers_mod.serialize(self.kernel_initializer),
+            bias_initializer=initializers_mod.serialize(self.bias_initializer),
+        )
+        return config
+
+
+class Activation(Layer):
+    """Applies an activation function (``tf.keras.layers.Activation``).
+
+    Example:
+        >>> import numpy as np
+        >>> Activation("relu")(np.array([-1.0, 1.0]))
+        array([0., 1.], dtype=float32)
+    """
+
+    def __init__(self, activation: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.activation = activations_mod.get(activation)
+        self.built = True
+
+    def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
+        x = cast_input(x, self.dtype)
+        y, cache = self.activation.forward(x)
+        return y, (cache, x.shape)
+
+    def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
+        act_cache, shape = cache
+        dy = cast_input(dy, self.dtype)
+        _check_shape(f"Activation layer {self.name!r}", shape, dy.shape)
+        return self.activation.backward(act_cache, dy), []
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config["activation"] = activations_mod.serialize(self.activation)
+        return config
+
+
+class Dropout(Layer):
+    """Inverted dropout (``tf.keras.layers.Dropout``): in training, zero each input with
+    probability ``rate`` and scale the rest by ``1 / (1 - rate)``; identity otherwise.
+
+    Every replica (by its global replica id) has its own mask generator, and
+    each call draws a new mask. With a ``seed`` the masks are reproducible:
+    a new layer with the same seed draws the same sequence. Without one the
+    seed comes from NumPy's global generator when the layer is made.
+
+    Example:
+        >>> import numpy as np
+        >>> layer = Dropout(0.5, seed=0)
+        >>> y = layer(np.ones(8), training=True)
+        >>> sorted(set(y.tolist())) == [0.0, 2.0], layer(np.ones(2)).tolist()
+        (True, [1.0, 1.0])
+    """
+
+    def __init__(self, rate: float, seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating, np.integer)):
+            raise TypeError(f"Dropout rate is {rate!r}; expected a number in [0, 1)")
+        if not 0 <= float(rate) < 1:
+            raise ValueError(f"Dropout rate is {rate!r}; expected a number in [0, 1)")
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"Dropout seed is {seed!r}; expected a non-negative integer or None")
+        self.rate = float(rate)
+        self.seed = seed
+        self._seed = int(np.random.randint(2**31 - 1)) if seed is None else int(seed)
+        self._generators: dict[tuple[int, str], Any] = {}
+        self._lock = threading.Lock()
+        self.built = True
+
+    def _generator(self, xp: Any) -> Any:
+        """The mask generator of the current replica (made on first use)."""
+        ctx = context.get_replica_context()
+        replica = 0 if ctx is None else int(ctx.replica_id_in_sync_group)
+        key = (replica, xp.__name__)
+        gen = self._generators.get(key)
+        if gen is None:
+            with self._lock:
+                gen = self._generators.get(key)
+                if gen is None:
+                    seq = np.random.SeedSequence([self._seed, replica])
+                    if xp is np:
+                        gen = np.random.default_rng(seq)
+                    else:
+                        gen = xp.random.RandomState(int(seq.generate_state(1, np.uint32)[0]))
+                    self._generators[key] = gen
+        return gen
+
+    def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
+        x = cast_input(x, self.dtype)
+        if not training or self.rate == 0.0:
+            return x, None
+        xp = array_module(x)
+        gen = self._generator(xp)
+        draw_dtype = np.float64 if x.dtype == np.float64 else np.float32
+        if xp is np:
+            u = gen.random(x.shape, dtype=draw_dtype)
+        else:
+            u = gen.random_sample(x.shape, dtype=draw_dtype)
+        scale = (u >= self.rate).astype(x.dtype) * x.dtype.type(1.0 / (1.0 - self.rate))
+        return x * scale, scale
+
+    def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
+        dy = cast_input(dy, self.dtype)
+        if cache is None:
+            return dy, []
+        _check_shape(f"Dropout layer {self.name!r}", cache.shape, dy.shape)
+        return dy * cache, []
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(rate=self.rate, seed=self.seed)
+        return config
