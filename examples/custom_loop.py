@@ -43,7 +43,7 @@ def main() -> None:
     def train_step(inputs):
         images, labels = inputs
         loss, grads, predictions = grad_fn(images, labels)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         train_accuracy.update_state(labels, predictions)
         return loss
 
@@ -60,8 +60,7 @@ def main() -> None:
         train_accuracy.reset_state()
         if strategy.extended.should_checkpoint:
             print(
-                f"epoch {epoch + 1}: loss {total_loss / num_batches:.4f}, "
-                f"accuracy {accuracy:.4f}"
+                f"epoch {epoch + 1}: loss {total_loss / num_batches:.4f}, accuracy {accuracy:.4f}"
             )
 
 

@@ -28,7 +28,16 @@ from numba import cuda
 
 from hpcdist.kernels.cuda import _as_device, _is_c_contiguous, _launch_config
 
-__all__ = ["adam", "clip_values", "momentum", "rmsprop", "scale", "sgd", "sum_squares"]
+__all__ = [
+    "adam",
+    "clip_values",
+    "device_context",
+    "momentum",
+    "rmsprop",
+    "scale",
+    "sgd",
+    "sum_squares",
+]
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -189,6 +198,14 @@ def _scalars(name: str, hyper: Any, dtype: np.dtype, names: tuple[str, ...]) -> 
             f"[{', '.join(names)}]"
         )
     return [dtype.type(x) for x in h]
+
+
+def device_context(index: int) -> Any:
+    """A context manager that makes GPU ``index`` Numba's current device for launches.
+
+    Example: ``with device_context(1): sgd(p, p, g, hyper)`` for arrays on GPU 1.
+    """
+    return cuda.gpus[int(index)]
 
 
 def _launch(kernel: Any, n: int, stream: Any, *args: Any) -> None:

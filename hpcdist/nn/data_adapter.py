@@ -116,8 +116,7 @@ def split_validation(x: Any, y: Any, sample_weight: Any, fraction: float) -> tup
         raise ValueError(f"validation_split must be in (0, 1), got {fraction!r}")
     if is_dataset(x):
         raise ValueError(
-            "validation_split is only supported for array inputs; pass validation_data for "
-            "datasets"
+            "validation_split is only supported for array inputs; pass validation_data for datasets"
         )
     n = _num_rows(tuple(p for p in (x, y, sample_weight) if p is not None))
     cut = int(n * (1.0 - fraction))

@@ -62,7 +62,9 @@ class Trainer:
         metrics=["accuracy"])``.
         """
         for key, value in kwargs.items():
-            if key in ("run_eagerly", "jit_compile") or (key == "steps_per_execution" and value == 1):
+            if key in ("run_eagerly", "jit_compile") or (
+                key == "steps_per_execution" and value == 1
+            ):
                 continue
             raise TypeError(f"compile() got an unsupported argument {key}={value!r}")
         if loss is None:

@@ -32,17 +32,54 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from hpcdist.arrays import array_module
+
+
+@contextlib.contextmanager
+def on_device_of(x: Any) -> Iterator[None]:
+    """Make ``x``'s GPU current for CuPy and for Numba's kernels (nothing for NumPy arrays).
+
+    Example: ``with on_device_of(flat): kernels_for(flat).sgd(flat, flat, g, hyper)``.
+    """
+    xp = array_module(x)
+    if xp is np:
+        yield
+        return
+    from hpcdist.kernels.optim_cuda import device_context
+
+    with xp.cuda.Device(x.device.id), device_context(x.device.id):
+        yield
+
+
+class _Probe:
+    """Measures what ``sys.getrefcount`` reports for an array held by one attribute only."""
+
+    def __init__(self) -> None:
+        self.flat = np.empty(0)
+
+    def count(self) -> int:
+        return sys.getrefcount(self.flat)
+
+
+# 2 on CPython 3.11 (the attribute and getrefcount's argument); measured, not assumed, since
+# newer interpreters may not count the argument
+_ONE_HOLDER = _Probe().count()
 
 
 def _empty_like(proto: Any, n: int) -> Any:
     """A new 1-D array of ``n`` elements of ``proto``'s dtype, on ``proto``'s device."""
     xp = array_module(proto)
-    return xp.empty_like(proto, shape=(n,))
+    if xp is np:
+        return np.empty(n, proto.dtype)
+    with on_device_of(proto):
+        return xp.empty(n, proto.dtype)
 
 
 class FlatBuffer:
@@ -74,7 +111,8 @@ class FlatBuffer:
         xp = array_module(proto)
         new = _empty_like(proto, self.total)
         pieces = [c._value.reshape(-1) for c in self.components]
-        xp.concatenate(pieces, out=new)
+        with on_device_of(new):
+            xp.concatenate(pieces, out=new)
         del pieces, proto
         self.rebind(new)
 
@@ -90,9 +128,9 @@ class FlatBuffer:
             views.append(view)
         self.views = views
         del new, views, view
-        # the references the buffer has with no snapshot: our attribute, each view's base and
-        # getrefcount's own argument (views whose base is an intermediate count through it)
-        self._baseline = 2 + sum(1 for v in self.views if v.base is self.flat)
+        # the count with no snapshot: our attribute (as measured by _Probe) plus each view's
+        # base (views whose base is an intermediate array count through it)
+        self._baseline = _ONE_HOLDER + sum(1 for v in self.views if v.base is self.flat)
         self._baseline += len({id(v.base) for v in self.views if v.base is not self.flat})
 
     def intact(self) -> bool:

@@ -31,11 +31,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -53,7 +52,7 @@ from hpcdist.distribute.variables import (
 )
 from hpcdist.optimizers import schedules
 from hpcdist.optimizers.clipping import check_clip, global_scale, kernels_for
-from hpcdist.optimizers.flat import FlatBuffer, _empty_like
+from hpcdist.optimizers.flat import FlatBuffer, _empty_like, on_device_of
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -81,17 +80,6 @@ def _runs(idx: list[int | None]) -> list[tuple[int, int]]:
     if start is not None:
         runs.append((start, len(idx)))
     return runs
-
-
-@contextlib.contextmanager
-def _on_device_of(x: Any) -> Iterator[None]:
-    """Make ``x``'s GPU current for kernel launches (nothing for host arrays)."""
-    xp = array_module(x)
-    if xp is np:
-        yield
-        return
-    with xp.cuda.Device(x.device.id):
-        yield
 
 
 def _like(g: Any, ref: Any) -> Any:
@@ -635,19 +623,26 @@ class Optimizer:
                     "float (or integer) array"
                 )
             pieces.append(_like(g, buf).reshape(-1))
-        if all(p is not None for p in pieces):
-            xp.concatenate(pieces, out=buf)
-            return buf
-        for j, p in enumerate(pieces):
-            lo, hi = group.offsets[j], group.offsets[j + 1]
-            if p is None:
-                buf[lo:hi] = 0
-            else:
-                buf[lo:hi] = p
+        with on_device_of(buf):
+            if all(p is not None for p in pieces):
+                xp.concatenate(pieces, out=buf)
+                return buf
+            for j, p in enumerate(pieces):
+                lo, hi = group.offsets[j], group.offsets[j + 1]
+                if p is None:
+                    buf[lo:hi] = 0
+                else:
+                    buf[lo:hi] = p
         return buf
 
     def _clip(self, work: list, grads: list[Any]) -> None:
         """Clip the flat gradients in place (the ranges that hold gradients)."""
+        if self.clipnorm is None and self.global_clipnorm is None and self.clipvalue is None:
+            return
+        with on_device_of(grads[0]):
+            self._clip_on_device(work, grads)
+
+    def _clip_on_device(self, work: list, grads: list[Any]) -> None:
         if self.clipnorm is not None:
             c = self.clipnorm
             for (group, idx, _), g in zip(work, grads, strict=True):
@@ -695,7 +690,7 @@ class Optimizer:
         p_out = _empty_like(p_in, params.total) if out_of_place else p_in
         k = kernels_for(p_in)
         offsets = group.offsets
-        with _on_device_of(p_in):
+        with on_device_of(p_in):
             if out_of_place:
                 covered = 0
                 for a, b in runs:

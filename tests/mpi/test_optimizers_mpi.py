@@ -125,7 +125,9 @@ def test_global_clipnorm_uses_the_norm_of_the_summed_gradients(replicas, monkeyp
     n = s.num_replicas_in_sync
     dtypes = (np.float64, np.float32)
     with s.scope():
-        variables = [hd.Variable(np.zeros(shape, d)) for shape, d in zip(SHAPES, dtypes, strict=True)]
+        variables = [
+            hd.Variable(np.zeros(shape, d)) for shape, d in zip(SHAPES, dtypes, strict=True)
+        ]
         opt = SGD(0.5, momentum=0.9, global_clipnorm=1.0)
     calls = _count_allreduces(s, monkeypatch)
 

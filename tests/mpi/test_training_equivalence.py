@@ -88,7 +88,7 @@ def test_custom_loop_matches_one_process(devices, opt):
 
     def train_step(batch):
         loss, grads = grad_fn(*batch)
-        optim.apply_gradients(zip(grads, model.trainable_variables))
+        optim.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     reference = build()
@@ -107,7 +107,7 @@ def test_custom_loop_matches_one_process(devices, opt):
     for i in range(steps):
         sl = slice(i * global_batch, (i + 1) * global_batch)
         loss, grads = ref_grad(x[sl], y[sl])
-        ref_optim.apply_gradients(zip(grads, reference.trainable_variables))
+        ref_optim.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
         ref_losses.append(float(loss))
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     assert_same_weights(model.get_weights(), reference.get_weights())

@@ -41,7 +41,9 @@ def test_strategies_tour_under_mpirun_2():
 
 
 def test_train_digits_reaches_95_percent_on_2_ranks():
-    done = _mpirun("examples/train_digits.py", "--verbose", "2", "--min-accuracy", "0.95", timeout=300)
+    done = _mpirun(
+        "examples/train_digits.py", "--verbose", "2", "--min-accuracy", "0.95", timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert out.count("test accuracy:") == 1  # the chief prints, once

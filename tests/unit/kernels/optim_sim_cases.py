@@ -65,8 +65,8 @@ def test_sgd_and_momentum(dtype, in_place):
              lambda a, b, g: gpu.sgd(a, b, g, hyper), [p, g], in_place, dtype)  # fmt: skip
     for nesterov in (False, True):
         h = np.array([0.1, 0.9, 0.01], dtype)
-        _compare(lambda a, b, g, v, n=nesterov: cpu.momentum(a, b, g, v, h, n),
-                 lambda a, b, g, v, n=nesterov: gpu.momentum(a, b, g, v, h, n),
+        _compare(lambda a, b, g, v, n=nesterov, h=h: cpu.momentum(a, b, g, v, h, n),
+                 lambda a, b, g, v, n=nesterov, h=h: gpu.momentum(a, b, g, v, h, n),
                  [p, g, vel], in_place, dtype)  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Gradient clipping: clip_by_global_norm, and clipnorm / global_clipnorm / clipvalue in optimizers."""
+"""Gradient clipping: clip_by_global_norm; clipnorm, global_clipnorm and clipvalue in optimizers."""
 
 from __future__ import annotations
 

@@ -173,3 +173,23 @@ def test_replicas_with_different_variables_raise(strategy):
 
     with pytest.raises(RuntimeError, match="different collective calls"):
         strategy.run(fn)
+
+
+def test_one_merge_call_per_apply_gradients(strategy, monkeypatch):
+    from hpcdist.distribute.replica_context import ReplicaContext
+
+    with strategy.scope():
+        variables = [hd.Variable(np.ones(s, d)) for s, d in [((2, 2), np.float32), (3, np.float64)]]
+        opt = Adam(0.01)
+    merges = []
+    original = ReplicaContext._merge
+
+    def counting(self, merge_fn, args, kwargs, wrap_all, key=None):
+        merges.append((self.replica_id_in_sync_group, key[0] if key else None))
+        return original(self, merge_fn, args, kwargs, wrap_all, key)
+
+    monkeypatch.setattr(ReplicaContext, "_merge", counting)
+    step = lambda: opt.apply_gradients([(np.ones(v.shape), v) for v in variables])  # noqa: E731
+    strategy.run(step)  # the first step also creates the slots (in the merge function)
+    strategy.run(step)
+    assert sorted(merges) == [(0, "apply_gradients")] * 2 + [(1, "apply_gradients")] * 2

@@ -16,7 +16,7 @@ SHAPES = [(3, 4), (5,), ()]
 
 
 class Reference:
-    """Keras 2.11+ update rules in plain NumPy, in float64 (written from the documented formulas)."""
+    """Keras 2.11+ update rules in plain NumPy float64 (written from the documented formulas)."""
 
     def __init__(self, kind, learning_rate=0.01, *, weight_decay=None, clipnorm=None,
                  clipvalue=None, global_clipnorm=None, momentum=0.0, nesterov=False, beta_1=0.9,
@@ -52,7 +52,7 @@ class Reference:
             if self.wd:
                 p -= p * self.wd * lr
             s = self.state.setdefault(i, {})
-            zeros = lambda: np.zeros_like(p)  # noqa: E731
+            zeros = lambda p=p: np.zeros_like(p)  # noqa: E731
             if self.kind == "sgd":
                 if self.momentum > 0:
                     m = s.setdefault("momentum", zeros())
