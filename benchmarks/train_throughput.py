@@ -10,6 +10,9 @@ reported (this host's timings wander by 10% between runs). The run also reports 
 allreduce, the optimizer's own time per step (packing, clipping, the fused update)
 against one NumPy axpy over the same parameter bytes, and, when torch is
 installed, the same model under DistributedDataParallel with gloo, side by side.
+Each round also times all ranks training alone at the same moment, with no
+communication: the ceiling this host allows (two busy ranks share memory
+bandwidth and cache), and how close hpcdist comes to it.
 
 Run: ``mpirun -n 2 python benchmarks/train_throughput.py [--steps 20] [--optimizer sgd]``;
 results in ``benchmarks/results/train_throughput.json`` and ``.png``.
@@ -209,7 +212,11 @@ def measure_round(args: argparse.Namespace, comm: Any, strategy: Any) -> tuple[d
     else:
         sleep_until_released(comm)
     single = comm.bcast(single, root=0)
+    # Every rank alone at once, no communication: what this host allows N ranks at best.
+    alone = train(hd.get_strategy(), args, seed=comm.rank)
+    independent = {"steps_per_s": comm.allreduce(alone["steps_per_s"], op=hd.runtime.mpi().MIN)}
     multi = train(strategy, args, seed=comm.rank)
+    multi["independent_steps_per_s"] = independent["steps_per_s"]
     multi["comm_s"] = comm.allreduce(multi["comm_s"]) / comm.size
     multi["optimizer_s"] = comm.allreduce(multi["optimizer_s"]) / comm.size
     multi["step_s"] = comm.allreduce(multi["step_s"], op=hd.runtime.mpi().MAX)
@@ -228,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     strategy = hd.MultiWorkerMirroredStrategy()
     rounds = [measure_round(args, comm, strategy) for _ in range(args.rounds)]
     efficiencies = [m["steps_per_s"] / s["steps_per_s"] for s, m in rounds]
+    ceilings = [m["independent_steps_per_s"] / s["steps_per_s"] for s, m in rounds]
+    vs_independent = [m["steps_per_s"] / m["independent_steps_per_s"] for _, m in rounds]
     single = median_row([s for s, _ in rounds])
     multi = median_row([m for _, m in rounds])
     axpy = axpy_seconds(int(single["params"]))
@@ -249,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "weak_scaling_efficiency": efficiency,
         "weak_scaling_efficiency_per_round": efficiencies,
+        "host_ceiling": float(np.median(ceilings)),
+        "host_ceiling_per_round": ceilings,
+        "efficiency_vs_independent_ranks": float(np.median(vs_independent)),
         "comm_share": multi["comm_s"] / multi["step_s"],
         "axpy": axpy,
         "optimizer_vs_axpy_naive": single["optimizer_s"] / axpy["naive_s"],
@@ -272,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"weak-scaling efficiency at {size} ranks: {efficiency:.1%} (median of {args.rounds} "
         f"rounds: {', '.join(f'{e:.1%}' for e in efficiencies)}; target >= 85%)"
+    )
+    print(
+        f"{size} ranks training alone at once, no communication: "
+        f"{report['host_ceiling']:.1%} of 1 rank (this host's ceiling); hpcdist reaches "
+        f"{report['efficiency_vs_independent_ranks']:.1%} of that"
     )
     print(f"communication share of the step: {report['comm_share']:.1%}")
     print(

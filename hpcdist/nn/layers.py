@@ -416,18 +416,29 @@ class Dense(Layer):
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
         return self._backward(cache, dy, True)
 
-    def _backward(self, cache: Any, dy: Any, need_dx: bool) -> tuple[Any, list[Any]]:
+    #: ``_backward`` can write the gradients into given arrays (``out=``).
+    _grads_into = True
+
+    def _backward(
+        self, cache: Any, dy: Any, need_dx: bool, out: list[Any] | None = None
+    ) -> tuple[Any, list[Any]]:
         x, w, act_cache = cache
-        dy = cast_input(dy, self.dtype, array_module(w))
+        xp = array_module(w)
+        dy = cast_input(dy, self.dtype, xp)
         _check_shape(f"Dense layer {self.name!r}", (*x.shape[:-1], self.units), dy.shape)
         dz = self.activation.backward(act_cache, dy)
         grads = []
         if self._trainable:
             x2 = x.reshape(-1, x.shape[-1])
             dz2 = dz.reshape(-1, self.units)
-            grads.append(x2.T @ dz2)
-            if self.bias is not None:
-                grads.append(dz2.sum(axis=0))
+            if out is None:
+                grads.append(x2.T @ dz2)
+                if self.bias is not None:
+                    grads.append(dz2.sum(axis=0))
+            else:
+                grads.append(xp.matmul(x2.T, dz2, out=out[0]))
+                if self.bias is not None:
+                    grads.append(xp.sum(dz2, axis=0, out=out[1]))
         dx = dz @ w.T if need_dx else None
         return dx, grads
 

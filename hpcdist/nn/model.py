@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -35,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.arrays import asarray, to_host
+from hpcdist.arrays import array_module, asarray, to_host
 from hpcdist.distribute import context
 from hpcdist.distribute.variables import DistributedVariable, Variable
 from hpcdist.nn.layers import InputLayer, Layer, check_build_context, snake_case
@@ -95,6 +96,7 @@ class Model:
         self._output_shapes: list[tuple] = []
         self.built = False
         self.stop_training = False
+        self._grad_buffers: dict[int, Any] = {}
         if isinstance(layers, Layer):
             layers = [layers]
         for layer in layers or ():
@@ -288,10 +290,55 @@ class Model:
         if not trainable:
             return []
         first = trainable[0]
+        outs = self._gradient_views()
         per_layer: list[list[Any]] = [[] for _ in self._layers]
         for i in range(len(self._layers) - 1, first - 1, -1):
-            dy, per_layer[i] = self._layers[i]._backward(layer_caches[i], dy, i > first)
+            layer = self._layers[i]
+            out = None if outs is None else outs[i]
+            if out is not None and getattr(layer, "_grads_into", False):
+                dy, per_layer[i] = layer._backward(layer_caches[i], dy, i > first, out=out)
+                continue
+            dy, per_layer[i] = layer._backward(layer_caches[i], dy, i > first)
+            if out is not None:
+                for view, g in zip(out, per_layer[i], strict=True):
+                    view[...] = g
+                per_layer[i] = out
         return [g for grads in per_layer for g in grads]
+
+    def _gradient_views(self) -> list[list[Any]] | None:
+        """Per layer, views into one flat gradient buffer of this replica (or ``None``).
+
+        The gradients of all trainable variables then lie in one contiguous
+        buffer, in :attr:`trainable_variables` order, so the optimizer packs
+        nothing before its allreduce. The buffer is reused from step to step
+        unless someone still holds a gradient of the previous step (then a new
+        one is made, so held gradients never change). Mixed dtypes: ``None``.
+        """
+        variables = self.trainable_variables
+        if not variables:
+            return None
+        arrays = [v._read() for v in variables]
+        dtype = arrays[0].dtype
+        if any(a.dtype != dtype for a in arrays):
+            return None
+        ctx = context.get_replica_context()
+        key = 0 if ctx is None else getattr(ctx, "_local_id", 0)
+        total = sum(int(a.size) for a in arrays)
+        buf = self._grad_buffers.get(key)
+        # References: the dict's and getrefcount's own; more means views are still held.
+        if buf is None or buf.size != total or buf.dtype != dtype or sys.getrefcount(buf) > 3:
+            xp = array_module(arrays[0])
+            buf = self._grad_buffers[key] = xp.empty(total, dtype=dtype)
+        views: list[list[Any]] = []
+        offset = 0
+        for layer in self._layers:
+            mine = []
+            for v in layer.trainable_weights:
+                n = int(v.size)
+                mine.append(buf[offset : offset + n].reshape(v.shape))
+                offset += n
+            views.append(mine)
+        return views
 
     def __call__(self, x: Any, training: bool = False) -> Any:
         """The output for ``x`` (``forward(x, training)[0]``).

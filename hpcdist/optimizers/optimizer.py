@@ -90,6 +90,35 @@ def _like(g: Any, ref: Any) -> Any:
     return g
 
 
+def _address(x: Any) -> int:
+    iface = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__
+    return int(iface["data"][0])
+
+
+def _one_buffer(pieces: list[Any], group: _Group) -> Any:
+    """The flat buffer the gradients already lie in, laid out as ``group``'s, else ``None``.
+
+    A model's backward pass writes all gradients into one contiguous buffer
+    (:meth:`hpcdist.nn.Model.backward`); then packing them again would only
+    copy. The buffer is read, never written (clipping works on a copy).
+    """
+    if not pieces or any(p is None for p in pieces):
+        return None
+    base = pieces[0].base
+    if base is None or getattr(base, "base", None) is not None:
+        return None
+    if base.ndim != 1 or base.dtype != group.dtype or base.size != group.offsets[-1]:
+        return None
+    if not base.flags.c_contiguous or type(base) is not type(pieces[0]):
+        return None
+    start = _address(base)
+    item = base.dtype.itemsize
+    for p, offset in zip(pieces, group.offsets, strict=False):
+        if p.base is not base or _address(p) != start + offset * item:
+            return None
+    return base
+
+
 class _Group:
     """The variables of one dtype: flat parameter, slot and gradient buffers per local replica."""
 
@@ -576,11 +605,15 @@ class Optimizer:
             runs = _runs(idx)
             if runs:
                 work.append((group, idx, runs))
+        reduced = aggregate and strategy is not None and strategy.num_replicas_in_sync > 1
+        # Unreduced gradients are clipped in place: then they must be the optimizer's copy.
+        clips = not (self.clipnorm is None and self.global_clipnorm is None)
+        alias_ok = reduced or not (clips or self.clipvalue is not None)
         packed = [
-            [self._pack(group, r, idx, grads) for group, idx, _ in work]
+            [self._pack(group, r, idx, grads, alias_ok) for group, idx, _ in work]
             for r, grads in enumerate(replica_grads)
         ]
-        if aggregate and strategy is not None and strategy.num_replicas_in_sync > 1:
+        if reduced:
             leaves = [
                 PerReplica(tuple(p[a] for p in packed)) if len(packed) > 1 else packed[0][a]
                 for a in range(len(work))
@@ -599,7 +632,9 @@ class Optimizer:
         self._iterations.assign_add(np.int64(1))
         return self._iterations
 
-    def _pack(self, group: _Group, r: int, idx: list[int | None], grads: list[Any]) -> Any:
+    def _pack(
+        self, group: _Group, r: int, idx: list[int | None], grads: list[Any], alias_ok: bool = True
+    ) -> Any:
         """The gradients of ``group``'s variables from replica ``r`` in its flat buffer."""
         buf = group.grad_buffer(r)
         xp = array_module(buf)
@@ -623,6 +658,9 @@ class Optimizer:
                     "float (or integer) array"
                 )
             pieces.append(_like(g, buf).reshape(-1))
+        flat = _one_buffer(pieces, group) if alias_ok else None
+        if flat is not None:
+            return flat
         with on_device_of(buf):
             if all(p is not None for p in pieces):
                 xp.concatenate(pieces, out=buf)

@@ -181,3 +181,45 @@ def test_seed_example_runs():
         model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
     history = model.fit(dataset, epochs=5, verbose=0)
     assert history.history["accuracy"][-1] > 0.9
+
+
+def test_gradients_share_one_buffer_and_held_ones_never_change(float64):
+    model = build()
+    x, y = data(6, seed=9)
+    grad_fn = hd.nn.value_and_grad(
+        model, SparseCategoricalCrossentropy(from_logits=True, reduction=Reduction.SUM)
+    )
+    _, grads = grad_fn(x, y)
+    base = grads[0].base
+    assert base is not None and all(g.base is base for g in grads)
+    assert base.size == sum(v.size for v in model.trainable_variables)
+    kept = [g.copy() for g in grads]
+    _, again = grad_fn(x[:3], y[:3])  # `grads` is still held: a new buffer is used
+    assert again[0].base is not base
+    for g, k in zip(grads, kept, strict=True):
+        np.testing.assert_array_equal(g, k)
+    del grads, again
+    _, third = grad_fn(x, y)
+    for g, k in zip(third, kept, strict=True):
+        np.testing.assert_allclose(g, k, rtol=1e-12)
+
+
+@pytest.mark.parametrize("clip", [{}, {"global_clipnorm": 0.1}, {"clipvalue": 0.01}])
+def test_optimizer_reads_the_gradient_buffer_without_changing_it(float64, clip):
+    x, y = data(8, seed=10)
+    loss = SparseCategoricalCrossentropy(from_logits=True, reduction=Reduction.SUM)
+    a, b = build(), build()
+    b.set_weights(a.get_weights())
+    opt_a = hd.optimizers.SGD(learning_rate=0.1, momentum=0.9, **clip)
+    opt_b = hd.optimizers.SGD(learning_rate=0.1, momentum=0.9, **clip)
+    for _ in range(3):
+        _, grads = hd.nn.value_and_grad(a, loss)(x, y)
+        before = [g.copy() for g in grads]
+        opt_a.apply_gradients(zip(grads, a.trainable_variables, strict=True))
+        for g, k in zip(grads, before, strict=True):
+            np.testing.assert_array_equal(g, k)  # clipping worked on the optimizer's copy
+        _, grads_b = hd.nn.value_and_grad(b, loss)(x, y)
+        copies = [np.array(g) for g in grads_b]  # separate arrays: the packing path
+        opt_b.apply_gradients(zip(copies, b.trainable_variables, strict=True))
+    for u, v in zip(a.get_weights(), b.get_weights(), strict=True):
+        np.testing.assert_array_equal(u, v)
