@@ -6,8 +6,9 @@ steps/s on 1 rank. The 1-rank figures are taken first, on rank 0, while the othe
 ranks sleep (they do not spin, so rank 0 has a core to itself); then all ranks
 train together under MultiWorkerMirroredStrategy. BLAS and Numba use one thread
 per rank. The two are measured in turn, ``--rounds`` times, and the medians are
-reported (this host's timings wander by 10% between runs). The run also reports the share of the step spent in the gradient
-allreduce, the optimizer's own time per step (packing, clipping, the fused update)
+reported (this host's timings wander by 10% between runs). The run also reports
+the share of the step spent in the gradient allreduce, the optimizer's own time
+per step (packing when needed, clipping, the fused update)
 against one NumPy axpy over the same parameter bytes, and, when torch is
 installed, the same model under DistributedDataParallel with gloo, side by side.
 Each round also times all ranks training alone at the same moment, with no
