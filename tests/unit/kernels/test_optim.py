@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcdist.kernels import optim
+from tests.unit.kernels.simulator import imports_numba_cuda, run_cases_under_simulator
 
 HERE = Path(__file__).parent
 DTYPES = [np.float32, np.float64]
@@ -237,19 +235,8 @@ def test_errors_say_what_was_expected():
 
 
 def test_cuda_kernels_match_the_cpu_kernels_under_the_simulator():
-    # NUMBA_ENABLE_CUDASIM must be set before numba.cuda is imported: a fresh process
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
-         "ignore::RuntimeWarning", str(HERE / "optim_sim_cases.py")],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout
+    run_cases_under_simulator(HERE / "optim_sim_cases.py")
 
 
 def test_importing_the_cpu_optimizer_kernels_does_not_import_numba_cuda():
-    code = "import sys, hpcdist.optimizers; print('numba.cuda' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    assert not imports_numba_cuda("hpcdist.optimizers")
