@@ -1,0 +1,1 @@
+"""Parameter servers over MPI: roles, the server loop, the client, and remote variables."""
