@@ -11,9 +11,11 @@ from hpcdist.collectives.options import (
     CommunicationImplementation,
     CommunicationOptions,
 )
+from hpcdist.distribute.central_storage import CentralStorageStrategy
 from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
 
 __all__ = [
+    "CentralStorageStrategy",
     "CollectiveCommunication",
     "CommunicationImplementation",
     "CommunicationOptions",

@@ -10,6 +10,8 @@ Example:
 """
 
 from hpcdist.collectives.ops import ReduceOp
+from hpcdist.distribute.aggregating import AggregatingVariable
+from hpcdist.distribute.central_storage import CentralStorageStrategy
 from hpcdist.distribute.context import (
     experimental_set_strategy,
     get_cross_replica_context,
@@ -43,6 +45,8 @@ from hpcdist.distribute.variables import (
 )
 
 __all__ = [
+    "AggregatingVariable",
+    "CentralStorageStrategy",
     "CrossDeviceOps",
     "DefaultStrategy",
     "DistributedValues",

@@ -42,6 +42,7 @@ import numpy as np
 from hpcdist.arrays import array_module, asarray, device_of, to_device
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
+from hpcdist.distribute.aggregating import AggregatingVariable
 from hpcdist.distribute.values import DistributedValues, PerReplica, select_replica
 from hpcdist.distribute.variables import (
     DistributedVariable,
@@ -50,7 +51,7 @@ from hpcdist.distribute.variables import (
     VariableAggregation,
     VariableSynchronization,
 )
-from hpcdist.optimizers import schedules
+from hpcdist.optimizers import remote, schedules
 from hpcdist.optimizers.clipping import check_clip, global_scale, kernels_for
 from hpcdist.optimizers.flat import FlatBuffer, _empty_like, on_device_of
 
@@ -340,10 +341,10 @@ class Optimizer:
         for v in new:
             self._check_variable(v)
         first = new[0]
-        if isinstance(first, DistributedVariable):
+        if isinstance(first, (DistributedVariable, AggregatingVariable)):
             strategy = first._distribute_strategy
             it = self._iterations
-            if it is None or not isinstance(it, DistributedVariable):
+            if it is None or not isinstance(it, (DistributedVariable, AggregatingVariable)):
                 self._iterations = self._new_iterations(strategy, self._step())
             elif it._distribute_strategy is not strategy:
                 raise ValueError(
@@ -488,6 +489,9 @@ class Optimizer:
 
         Example: ``optimizer.apply_gradients(zip(grads, model.trainable_variables))``.
         """
+        grads_and_vars = list(grads_and_vars)
+        if remote.targets_ps(grads_and_vars):  # the ps runs the update (ParameterServerStrategy)
+            return remote.apply_gradients(self, grads_and_vars)
         grads, variables, every = self._filter(grads_and_vars)
         aggregate = not skip_gradients_aggregation and bool(experimental_aggregate_gradients)
         ctx = context.get_replica_context()
@@ -560,7 +564,7 @@ class Optimizer:
     def _check_replica_variables(self, strategy: Any, variables: list[Any]) -> None:
         k = strategy.extended._num_local_replicas
         for v in variables:
-            if isinstance(v, DistributedVariable):
+            if isinstance(v, (DistributedVariable, AggregatingVariable)):
                 if v._distribute_strategy is not strategy:
                     raise ValueError(
                         f"variable {v.name!r} belongs to {v._distribute_strategy!r}, not to "
@@ -624,6 +628,12 @@ class Optimizer:
         for grads in sources:
             self._clip(work, grads)
         num_local = len(work[0][0].params)
+        if len(sources) > 1 and len(sources) != num_local:
+            raise ValueError(
+                f"{len(sources)} replicas' gradients cannot each update the single copy of the "
+                f"variables of {strategy!r} (they are not mirrored); let apply_gradients sum "
+                "them (skip_gradients_aggregation=False, experimental_aggregate_gradients=True)"
+            )
         hypers = {group.dtype: self._hyper(lr, step, group.dtype) for group, _, _ in work}
         for local_id in range(num_local):
             grads = sources[local_id if len(sources) > 1 else 0]
