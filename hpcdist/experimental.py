@@ -11,6 +11,7 @@ from hpcdist.collectives.options import (
     CommunicationImplementation,
     CommunicationOptions,
 )
+from hpcdist.distribute import partitioners
 from hpcdist.distribute.central_storage import CentralStorageStrategy
 from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
 
@@ -20,4 +21,5 @@ __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
+    "partitioners",
 ]

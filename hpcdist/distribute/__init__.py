@@ -28,10 +28,12 @@ from hpcdist.distribute.cross_device_ops import (
 )
 from hpcdist.distribute.default import DefaultStrategy
 from hpcdist.distribute.extended import StrategyExtended
+from hpcdist.distribute.indexed_slices import IndexedSlices
 from hpcdist.distribute.mirrored import MirroredStrategy
 from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
 from hpcdist.distribute.one_device import OneDeviceStrategy
 from hpcdist.distribute.replica_context import ReplicaContext
+from hpcdist.distribute.sharded_variable import ShardedVariable
 from hpcdist.distribute.strategy import Strategy, ValueContext
 from hpcdist.distribute.tpu import TPUStrategy
 from hpcdist.distribute.values import DistributedValues, Mirrored, PerReplica
@@ -52,6 +54,7 @@ __all__ = [
     "DistributedValues",
     "DistributedVariable",
     "HierarchicalCopyAllReduce",
+    "IndexedSlices",
     "Mirrored",
     "MirroredStrategy",
     "MirroredVariable",
@@ -64,6 +67,7 @@ __all__ = [
     "ReplicaContext",
     "Strategy",
     "StrategyExtended",
+    "ShardedVariable",
     "SyncOnReadVariable",
     "TPUStrategy",
     "ValueContext",

@@ -13,6 +13,7 @@ Example:
     [(3, 2), (2,)]
 """
 
+from hpcdist.distribute.sharded_variable import embedding_lookup
 from hpcdist.nn import activations, backend, initializers, losses, metrics
 from hpcdist.nn.autodiff import value_and_grad
 from hpcdist.nn.layers import Activation, Dense, Dropout, InputLayer, Layer
@@ -21,6 +22,7 @@ from hpcdist.nn.model import Model
 from hpcdist.nn.sequential import Sequential
 
 __all__ = [
+    "embedding_lookup",
     "Activation",
     "Dense",
     "Dropout",
