@@ -29,6 +29,7 @@ from hpcdist.collectives.options import CommunicationImplementation, Communicati
 from hpcdist.data.input_context import InputContext, InputOptions, InputReplicationMode
 from hpcdist.distribute import *  # noqa: F403  (the tf.distribute names, listed in __all__)
 from hpcdist.distribute import __all__ as _distribute_names
+from hpcdist.distribute import coordinator
 from hpcdist.runtime import World, world
 
 __version__ = "0.1.0"
@@ -43,6 +44,7 @@ __all__ = [
     "__version__",
     "callbacks",
     "cluster_resolver",
+    "coordinator",
     "data",
     "errors",
     "experimental",

@@ -11,9 +11,10 @@ from hpcdist.collectives.options import (
     CommunicationImplementation,
     CommunicationOptions,
 )
-from hpcdist.distribute import partitioners
+from hpcdist.distribute import coordinator, partitioners
 from hpcdist.distribute.central_storage import CentralStorageStrategy
 from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
+from hpcdist.distribute.ps.strategy import ParameterServerStrategy
 
 __all__ = [
     "CentralStorageStrategy",
@@ -21,5 +22,7 @@ __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
+    "ParameterServerStrategy",
+    "coordinator",
     "partitioners",
 ]

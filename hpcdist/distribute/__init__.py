@@ -32,6 +32,7 @@ from hpcdist.distribute.indexed_slices import IndexedSlices
 from hpcdist.distribute.mirrored import MirroredStrategy
 from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
 from hpcdist.distribute.one_device import OneDeviceStrategy
+from hpcdist.distribute.ps.strategy import ParameterServerStrategy
 from hpcdist.distribute.replica_context import ReplicaContext
 from hpcdist.distribute.sharded_variable import ShardedVariable
 from hpcdist.distribute.strategy import Strategy, ValueContext
@@ -61,6 +62,7 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
     "NcclAllReduce",
     "OneDeviceStrategy",
+    "ParameterServerStrategy",
     "PerReplica",
     "ReduceOp",
     "ReductionToOneDevice",

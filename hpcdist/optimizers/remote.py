@@ -211,7 +211,7 @@ def _push(optimizer: Any, ext: Any, variables: list, grads: list) -> Any:
     def add_dense(shard: Any, g: np.ndarray) -> None:
         ids, gs, versions = by_ps.setdefault(shard._ps, ([], [], []))
         ids.append(shard._id)
-        gs.append(np.ascontiguousarray(g, dtype=shard.dtype))
+        gs.append(np.array(g, dtype=shard.dtype, order="C"))
         versions.append(shard._version)
         touched.append(shard)
 

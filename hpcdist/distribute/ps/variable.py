@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from hpcdist.arrays import asarray, to_host
-from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
-from hpcdist.distribute.values import PerReplica, local_results
+from hpcdist.distribute.aggregating import combine
 from hpcdist.distribute.variables import Variable, VariableAggregation
 
 _UNSET = -1  # a token no run has: the cache must be pulled
@@ -137,7 +136,7 @@ class PSVariable(Variable):
                 f"cannot assign a {value.dtype} value to variable {self.name!r} of dtype "
                 f"{self._dtype}; cast it first"
             )
-        return np.ascontiguousarray(value, dtype=self._dtype)
+        return np.array(value, dtype=self._dtype, order="C")
 
     def _send(self, op: str, value: Any) -> None:
         self._ext._client.update(self._ps, self._id, op, self._converted(value))
@@ -152,29 +151,22 @@ class PSVariable(Variable):
             and ext._num_local_replicas > 1
             and getattr(ctx, "_merger", None) is not None
         ):
-            ctx._merge(self._merged_write, (op, value), None, False, ("ps_write", self._id, op))
+            agg = self._aggregation
+            if agg is VariableAggregation.NONE:
+                raise ValueError(
+                    f"variable {self.name!r} is written in a replica context by "
+                    f"{ext._num_local_replicas} replicas but has aggregation NONE; give it "
+                    "aggregation SUM, MEAN or ONLY_FIRST_REPLICA (or write it in the "
+                    "cross-replica context)"
+                )
+
+            def merge(strategy: Any, v: Any) -> None:
+                self._send(op, combine(strategy, v, agg))
+
+            ctx._merge(merge, (value,), None, True, ("ps_write", self._id, op))
             return self if read_value else None
         self._send(op, value)
         return self if read_value else None
-
-    def _merged_write(self, strategy: Any, op: str, value: Any) -> None:
-        """Combine the local replicas' writes with the aggregation, then write once."""
-        agg = self._aggregation
-        if not isinstance(value, PerReplica):
-            self._send(op, value)  # the same object on every replica
-            return
-        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-            self._send(op, local_results(value)[0])
-            return
-        if agg is VariableAggregation.NONE:
-            raise ValueError(
-                f"variable {self.name!r} is written in a replica context by "
-                f"{self._ext._num_local_replicas} replicas but has aggregation NONE; give it "
-                "aggregation SUM, MEAN or ONLY_FIRST_REPLICA (or write it in the cross-replica "
-                "context)"
-            )
-        reduce_op = ReduceOp.from_variable_aggregation(agg)
-        self._send(op, self._ext._reduce_leaves(reduce_op, [value])[0])
 
     def _repr_value(self) -> str:
         return np.array2string(self._read(), threshold=20)

@@ -113,8 +113,18 @@ def test_flatten_order_and_leaves() -> None:
 
 @pytest.mark.parametrize(
     "leaf",
-    ["abc", b"abc", bytearray(b"ab"), {1, 2}, frozenset(), np.arange(3), np.float32(1.5),
-     range(3), PerReplicaLike((1, 2)), {1: 2}.keys()],
+    [
+        "abc",
+        b"abc",
+        bytearray(b"ab"),
+        {1, 2},
+        frozenset(),
+        np.arange(3),
+        np.float32(1.5),
+        range(3),
+        PerReplicaLike((1, 2)),
+        {1: 2}.keys(),
+    ],
     ids=lambda x: type(x).__name__,
 )
 def test_leaves_are_not_nested(leaf: Any) -> None:

@@ -1,0 +1,261 @@
+"""The optimizers a parameter server runs: one per ``opt_id``, slots per (optimizer, variable).
+
+Clients register an optimizer by class name and ``get_config()``; the ps
+builds it with :func:`hpcdist.optimizers.deserialize` (the learning rate in the
+config is ignored: every apply brings its own ``lr``) and updates its
+variables in place with the optimizer's fused Numba kernel
+(``opt._update(k, p, p, g, slots, opt._hyper(lr, step, dtype))``). Slots are
+zeros at a variable's first update; ``step`` is the number of updates this
+optimizer already applied to that variable (Adam's bias correction).
+
+Clipping: ``clipnorm`` (per variable) and ``clipvalue`` (per element) are
+applied to each gradient here; ``global_clipnorm`` spans variables on
+several servers, so the client applies it before sending.
+
+A sparse update (rows of an embedding) sums duplicate rows, then runs the
+optimizer on those rows only, parameters and slots alike ("lazy" updates).
+
+Example:
+    >>> import numpy as np
+    >>> host = OptimizerHost()
+    >>> host.register(0, "SGD", {"learning_rate": 0.1, "momentum": 0.0})
+    >>> p = np.array([1.0, 2.0])
+    >>> host.apply_dense(0, 7, p, np.array([1.0, -1.0]), lr=0.5)
+    >>> p, host.step(0, 7)
+    (array([0.5, 2.5]), 1)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from hpcdist.distribute.ps.protocol import OPTIMIZER_CLASSES, PSError, PSTypeError
+from hpcdist.kernels import optim as kernels
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class _State:
+    """The slots (flat, one per slot name) and the update count of one (optimizer, variable)."""
+
+    __slots__ = ("slots", "step")
+
+    def __init__(self, names: tuple[str, ...], size: int, dtype: np.dtype) -> None:
+        self.slots = {name: np.zeros(size, dtype) for name in names}
+        self.step = 0
+
+
+def _config_key(class_name: str, config: dict[str, Any]) -> str:
+    """What must agree between two registrations of one ``opt_id`` (all but the learning rate)."""
+    rest = {k: v for k, v in config.items() if k != "learning_rate"}
+    return json.dumps([class_name, rest], sort_keys=True)
+
+
+class OptimizerHost:
+    """The ps-side optimizers and their slots.
+
+    Example:
+        >>> host = OptimizerHost()
+        >>> host.register(1, "Adam", {"learning_rate": 0.001})
+        >>> sorted(host.slots(1, 0, np.zeros(3)))
+        ['m', 'v']
+    """
+
+    def __init__(self) -> None:
+        self._opts: dict[int, tuple[str, Any]] = {}
+        self._keys: dict[int, str] = {}
+        self._states: dict[tuple[int, int], _State] = {}
+
+    def register(self, opt_id: int, class_name: str, config: dict[str, Any]) -> None:
+        """Build optimizer ``opt_id``; a repeat with the same class and config is a no-op.
+
+        Raises :class:`PSError` for an unknown class, a bad config, or another
+        optimizer already registered under ``opt_id``.
+
+        Example: ``host.register(0, "RMSprop", RMSprop(rho=0.8).get_config())``.
+        """
+        if class_name not in OPTIMIZER_CLASSES:
+            raise PSError(
+                f"the parameter server cannot run optimizer class {class_name!r}; expected one "
+                f"of {', '.join(OPTIMIZER_CLASSES)}"
+            )
+        if not isinstance(config, dict):
+            raise PSError(f"optimizer config must be a dict (get_config()), got {config!r}")
+        key = _config_key(class_name, config)
+        if opt_id in self._keys:
+            if self._keys[opt_id] != key:
+                raise PSError(
+                    f"optimizer id {opt_id} is already registered as {self._keys[opt_id]}; "
+                    f"another client registers it as {key}. Every client must create the same "
+                    "optimizers in the same order"
+                )
+            return
+        from hpcdist.optimizers import deserialize
+
+        cfg = dict(config)
+        cfg["learning_rate"] = 0.0  # each apply brings its own lr; schedules stay on the clients
+        try:
+            opt = deserialize({"class_name": class_name, "config": cfg})
+        except (TypeError, ValueError) as e:
+            raise PSError(f"cannot build optimizer {class_name} from config {config!r}: {e}") from e
+        self._opts[opt_id] = (class_name, opt)
+        self._keys[opt_id] = key
+
+    def optimizer(self, opt_id: int) -> Any:
+        """The optimizer registered as ``opt_id`` (:class:`PSError` if none).
+
+        Example: ``host.optimizer(0).get_config()["momentum"]``.
+        """
+        entry = self._opts.get(opt_id)
+        if entry is None:
+            raise PSError(
+                f"no optimizer is registered with id {opt_id} on this parameter server; call "
+                "register_optimizer before apply"
+            )
+        return entry[1]
+
+    def slots(self, opt_id: int, var_id: int, param: np.ndarray) -> dict[str, np.ndarray]:
+        """The flat slot arrays of ``var_id`` under ``opt_id`` (created as zeros).
+
+        Example: ``host.slots(0, 3, p)["momentum"].reshape(p.shape)``.
+        """
+        return self._state(opt_id, var_id, param).slots
+
+    def step(self, opt_id: int, var_id: int) -> int:
+        """How many updates ``opt_id`` applied to ``var_id`` so far.
+
+        Example: ``host.step(0, 3) == 0`` before the first apply.
+        """
+        state = self._states.get((opt_id, var_id))
+        return 0 if state is None else state.step
+
+    def forget(self, var_id: int) -> None:
+        """Drop every slot of ``var_id`` (when the variable is created anew).
+
+        Example: ``host.forget(3)``.
+        """
+        for key in [k for k in self._states if k[1] == var_id]:
+            del self._states[key]
+
+    def _state(self, opt_id: int, var_id: int, param: np.ndarray) -> _State:
+        state = self._states.get((opt_id, var_id))
+        if state is None:
+            opt = self.optimizer(opt_id)
+            state = _State(tuple(opt._slot_names()), param.size, param.dtype)
+            self._states[(opt_id, var_id)] = state
+        return state
+
+    def _prepare(self, opt_id: int, var_id: int, param: np.ndarray, name: str) -> Any:
+        opt = self.optimizer(opt_id)
+        if param.dtype not in _FLOATS:
+            raise PSTypeError(
+                f"optimizer {type(opt).__name__} cannot update variable {name or var_id} of dtype "
+                f"{param.dtype}; the parameter server optimizes float32 and float64 variables only"
+            )
+        if not param.flags.c_contiguous:
+            raise PSError(f"variable {name or var_id} is not contiguous on the ps (internal error)")
+        return opt
+
+    def _clip(self, opt: Any, g: np.ndarray) -> None:
+        """``clipnorm`` / ``clipvalue`` of ``opt`` on the flat gradient ``g`` (in place)."""
+        if opt.clipnorm is not None:
+            norm = math.sqrt(kernels.sum_squares(g))
+            if norm > opt.clipnorm:
+                kernels.scale(g, opt.clipnorm / norm)
+        elif opt.clipvalue is not None:
+            kernels.clip_values(g, opt.clipvalue)
+
+    def apply_dense(
+        self,
+        opt_id: int,
+        var_id: int,
+        param: np.ndarray,
+        grad: np.ndarray,
+        lr: float,
+        name: str = "",
+    ) -> None:
+        """Update ``param`` (contiguous) in place with gradient ``grad`` (same size; may be clipped
+        in place when it has ``param``'s dtype).
+
+        Example: ``host.apply_dense(0, 3, p, g, lr=0.01)``.
+        """
+        opt = self._prepare(opt_id, var_id, param, name)
+        if grad.size != param.size:
+            raise PSError(
+                f"the gradient for variable {name or var_id} has {grad.size} elements but the "
+                f"variable has shape {param.shape} ({param.size} elements)"
+            )
+        p = param.reshape(-1)
+        g = grad.reshape(-1)
+        if g.dtype != p.dtype or not g.flags.c_contiguous:
+            g = np.ascontiguousarray(g, dtype=p.dtype)
+        self._clip(opt, g)
+        state = self._state(opt_id, var_id, param)
+        hyper = opt._hyper(float(lr), state.step, p.dtype)
+        opt._update(kernels, p, p, g, state.slots, hyper)
+        state.step += 1
+
+    def apply_sparse(
+        self,
+        opt_id: int,
+        var_id: int,
+        param: np.ndarray,
+        rows: np.ndarray,
+        values: np.ndarray,
+        lr: float,
+        name: str = "",
+    ) -> None:
+        """Update the rows ``rows`` of ``param`` (and of its slots) with ``values`` (one row each;
+        duplicate rows are summed first).
+
+        Example: ``host.apply_sparse(0, 3, table, np.array([4, 1, 4]), grads_3_rows, lr=0.1)``.
+        """
+        opt = self._prepare(opt_id, var_id, param, name)
+        label = name or var_id
+        if param.ndim == 0:
+            raise PSError(f"a sparse update needs a variable with rows; {label} is a scalar")
+        nrows = param.shape[0]
+        width = param.size // nrows if nrows else 0
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        if values.size != rows.size * width:
+            raise PSError(
+                f"sparse update of {label}: {rows.size} rows of {width} elements need "
+                f"{rows.size * width} values, got {values.size}"
+            )
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= nrows):
+            bad = rows[(rows < 0) | (rows >= nrows)][:5].tolist()
+            raise PSError(
+                f"sparse update of {label}: row indices {bad} are outside [0, {nrows}); the "
+                "indices must be rows of this shard"
+            )
+        state = self._state(opt_id, var_id, param)
+        if rows.size == 0:
+            return
+        vals = values.reshape(rows.size, width)
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        summed = np.zeros((uniq.size, width), param.dtype)
+        if uniq.size == rows.size:
+            summed[inverse] = vals
+        else:
+            np.add.at(summed, inverse, vals)
+        g = summed.reshape(-1)
+        self._clip(opt, g)
+        table = param.reshape(nrows, width)
+        p = np.ascontiguousarray(table[uniq]).reshape(-1)
+        slot_rows = {
+            k: np.ascontiguousarray(s.reshape(nrows, width)[uniq]).reshape(-1)
+            for k, s in state.slots.items()
+        }
+        hyper = opt._hyper(float(lr), state.step, p.dtype)
+        opt._update(kernels, p, p, g, slot_rows, hyper)
+        table[uniq] = p.reshape(uniq.size, width)
+        for k, s in state.slots.items():
+            s.reshape(nrows, width)[uniq] = slot_rows[k].reshape(uniq.size, width)
+        state.step += 1
+
+
+__all__ = ["OptimizerHost"]

@@ -1,0 +1,445 @@
+"""The parameter-server wire protocol: fixed int64 headers, dtype codes, JSON control data.
+
+Every request is one header of :data:`HEADER_WORDS` int64 words sent with
+:data:`TAG_HEADER`, followed by zero or more payload messages from the same
+rank with :data:`TAG_PAYLOAD` (the server receives them with ``source=`` that
+rank, so a header and its payloads stay paired). Synchronous requests get a
+reply header (same size, :data:`TAG_REPLY`), an error message if the status is
+not zero, then the reply data. Arrays travel as raw bytes; control data (names,
+shapes, optimizer configs, stats) as UTF-8 JSON. Nothing is pickled.
+
+Request header words: ``OP, ID, COUNT, NBYTES, DTYPE, NDIM, SHAPE[0..5], A, B, C, D``.
+Reply header words: ``STATUS, VERSION, COUNT, NBYTES, DTYPE, NDIM, SHAPE[0..5], MSGLEN``.
+
+Example:
+    >>> import numpy as np
+    >>> value = np.zeros((2, 5), np.float32)
+    >>> h = encode_header(OP_UPDATE, var_id=3, value=value, a=UPDATE_OPS["add"])
+    >>> d = decode_header(h)
+    >>> d["op"], d["id"], d["nbytes"], d["dtype"], d["shape"], d["a"]
+    ('UPDATE', 3, 40, dtype('float32'), (2, 5), 1)
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# -- tags (on the ps communicator, a Dup used for nothing else) ------------------------------
+TAG_HEADER = 71
+TAG_PAYLOAD = 72
+TAG_REPLY = 73
+
+# -- header layout -----------------------------------------------------------------------------
+HEADER_WORDS = 16
+MAX_NDIM = 6
+OP, ID, COUNT, NBYTES, DTYPE, NDIM = 0, 1, 2, 3, 4, 5
+SHAPE = 6
+A, B, C, D = 12, 13, 14, 15
+STATUS, VERSION, MSGLEN = 0, 1, 12  # reply words (COUNT..SHAPE as in a request)
+
+# -- operations ----------------------------------------------------------------------------------
+OP_CREATE = 1
+OP_DECLARE = 2
+OP_PULL = 3
+OP_UPDATE = 4
+OP_ADD_FETCH = 5
+OP_REGISTER = 6
+OP_APPLY = 7
+OP_GATHER = 8
+OP_APPLY_SPARSE = 9
+OP_STATS = 10
+OP_DONE = 11
+
+OP_NAMES = {
+    OP_CREATE: "CREATE",
+    OP_DECLARE: "DECLARE",
+    OP_PULL: "PULL",
+    OP_UPDATE: "UPDATE",
+    OP_ADD_FETCH: "ADD_FETCH",
+    OP_REGISTER: "REGISTER",
+    OP_APPLY: "APPLY",
+    OP_GATHER: "GATHER",
+    OP_APPLY_SPARSE: "APPLY_SPARSE",
+    OP_STATS: "STATS",
+    OP_DONE: "DONE",
+}
+
+#: Requests without a reply; an error in one is reported by the client's next synchronous request.
+ASYNC_OPS = frozenset({OP_UPDATE, OP_APPLY, OP_APPLY_SPARSE})
+
+UPDATE_OPS = {"assign": 0, "add": 1, "sub": 2}
+
+#: Optimizers the ps can run (``hpcdist.optimizers`` class names).
+OPTIMIZER_CLASSES = ("SGD", "Adam", "AdamW", "RMSprop")
+
+# -- dtypes ----------------------------------------------------------------------------------------
+_DTYPES = {
+    1: np.dtype(np.float16),
+    2: np.dtype(np.float32),
+    3: np.dtype(np.float64),
+    4: np.dtype(np.int32),
+    5: np.dtype(np.int64),
+    6: np.dtype(np.bool_),
+}
+_CODES = {dt: code for code, dt in _DTYPES.items()}
+SUPPORTED_DTYPES = tuple(_DTYPES.values())
+
+
+class PSError(RuntimeError):
+    """A parameter-server request failed (bad request, mismatch, a failed ps, a closed client).
+
+    ``error_class`` is the MPI error class when an MPI call failed (e.g. 75,
+    ``MPI.ERR_PROC_FAILED``, when the ps died under ULFM), else ``None``.
+
+    Example:
+        >>> str(PSError("closed"))
+        'closed'
+    """
+
+    def __init__(self, message: str, error_class: int | None = None) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class PSTypeError(PSError, TypeError):
+    """A value of a dtype the parameter server cannot hold or optimize.
+
+    Example:
+        >>> isinstance(PSTypeError("complex64"), TypeError)
+        True
+    """
+
+
+def dtype_code(dtype: Any) -> int:
+    """The wire code of ``dtype``; :class:`PSTypeError` for a dtype the ps does not support.
+
+    Example:
+        >>> dtype_code(np.float32), dtype_code("bool")
+        (2, 6)
+    """
+    dt = np.dtype(dtype)
+    code = _CODES.get(dt)
+    if code is None:
+        names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise PSTypeError(
+            f"the parameter server cannot hold dtype {dt}; supported dtypes are {names}. "
+            "Cast the value first (e.g. value.astype(np.float32))"
+        )
+    return code
+
+
+def dtype_of(code: int) -> np.dtype:
+    """The dtype of wire code ``code`` (:class:`PSError` for an unknown code).
+
+    Example:
+        >>> dtype_of(3)
+        dtype('float64')
+    """
+    dt = _DTYPES.get(int(code))
+    if dt is None:
+        raise PSError(f"unknown dtype code {code} on the wire; expected one of {sorted(_DTYPES)}")
+    return dt
+
+
+def float_word(x: float) -> int:
+    """The bits of float64 ``x`` as an int64 header word (a learning rate travels like this).
+
+    Example:
+        >>> word_float(float_word(0.125))
+        0.125
+    """
+    return int(np.array(float(x), np.float64).view(np.int64))
+
+
+def word_float(w: int) -> float:
+    """Inverse of :func:`float_word`.
+
+    Example:
+        >>> word_float(float_word(-1.5e-3))
+        -0.0015
+    """
+    return float(np.array(int(w), np.int64).view(np.float64))
+
+
+def put_shape(h: np.ndarray, shape: Sequence[int]) -> None:
+    """Write ``shape`` into the NDIM/SHAPE words of ``h`` (``NDIM = -1`` beyond 6 dimensions).
+
+    Example:
+        >>> h = np.zeros(HEADER_WORDS, np.int64); put_shape(h, (3, 4)); get_shape(h)
+        (3, 4)
+    """
+    if len(shape) > MAX_NDIM:
+        h[NDIM] = -1
+        return
+    h[NDIM] = len(shape)
+    h[SHAPE : SHAPE + len(shape)] = shape
+
+
+def get_shape(h: np.ndarray) -> tuple[int, ...] | None:
+    """The shape in ``h``'s NDIM/SHAPE words, ``None`` when it was not sent (NDIM = -1).
+
+    Example:
+        >>> get_shape(encode_header(OP_PULL, value=np.zeros(7)))
+        (7,)
+    """
+    n = int(h[NDIM])
+    if n < 0:
+        return None
+    return tuple(int(x) for x in h[SHAPE : SHAPE + n])
+
+
+def encode_header(
+    op: int,
+    var_id: int = 0,
+    count: int = 0,
+    value: np.ndarray | None = None,
+    a: int = 0,
+    b: int = 0,
+    c: int = 0,
+    d: int = 0,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """A request header; ``value`` (if given) fills NBYTES, DTYPE and the shape words.
+
+    ``out`` (an int64 array of :data:`HEADER_WORDS`) is reused when given.
+
+    Example:
+        >>> encode_header(OP_STATS)[:3]
+        array([10,  0,  0])
+    """
+    h = np.zeros(HEADER_WORDS, np.int64) if out is None else out
+    if out is not None:
+        h[:] = 0
+    h[OP], h[ID], h[COUNT] = op, var_id, count
+    if value is not None:
+        h[NBYTES] = value.nbytes
+        h[DTYPE] = dtype_code(value.dtype)
+        put_shape(h, value.shape)
+    h[A], h[B], h[C], h[D] = a, b, c, d
+    return h
+
+
+def decode_header(h: np.ndarray) -> dict[str, Any]:
+    """A readable dict of a request header (for messages and tests).
+
+    Example:
+        >>> decode_header(encode_header(OP_DONE))["op"]
+        'DONE'
+    """
+    code = int(h[DTYPE])
+    return {
+        "op": OP_NAMES.get(int(h[OP]), f"unknown op {int(h[OP])}"),
+        "id": int(h[ID]),
+        "count": int(h[COUNT]),
+        "nbytes": int(h[NBYTES]),
+        "dtype": _DTYPES.get(code) if code else None,
+        "shape": get_shape(h),
+        "a": int(h[A]),
+        "b": int(h[B]),
+        "c": int(h[C]),
+        "d": int(h[D]),
+    }
+
+
+def num_payloads(h: np.ndarray) -> int:
+    """How many payload messages follow request header ``h``.
+
+    Example:
+        >>> num_payloads(encode_header(OP_APPLY, count=3))  # the id table, then 3 gradients
+        4
+    """
+    op = int(h[OP])
+    if op == OP_CREATE:
+        return 2  # JSON description, value
+    if op == OP_PULL:
+        return 0 if int(h[COUNT]) == 1 else 1  # one id travels in the header
+    if op == OP_APPLY:
+        return 1 + int(h[COUNT])
+    if op == OP_APPLY_SPARSE:
+        return 2  # rows, values
+    if op in (OP_STATS, OP_DONE):
+        return 0
+    return 1
+
+
+def to_json_bytes(obj: Any) -> np.ndarray:
+    """``obj`` as UTF-8 JSON in a uint8 array (ready to send).
+
+    Example:
+        >>> from_json_bytes(to_json_bytes({"a": [1, 2]}))
+        {'a': [1, 2]}
+    """
+    try:
+        text = json.dumps(obj, sort_keys=True, allow_nan=True)
+    except TypeError as e:
+        raise PSTypeError(
+            f"control data for the parameter server must be JSON-able; {e}. Pass plain numbers, "
+            "strings, lists and dicts (e.g. optimizer.get_config())"
+        ) from None
+    return np.frombuffer(text.encode("utf-8"), np.uint8).copy()
+
+
+def from_json_bytes(data: Any) -> Any:
+    """Inverse of :func:`to_json_bytes` (accepts bytes or a uint8 array).
+
+    Example:
+        >>> from_json_bytes(b'[1, "x"]')
+        [1, 'x']
+    """
+    raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
+    return json.loads(raw.decode("utf-8"))
+
+
+def as_bytes(x: np.ndarray) -> np.ndarray:
+    """A flat uint8 view of the C-contiguous array ``x`` (no copy).
+
+    Example:
+        >>> as_bytes(np.ones(2, np.int32)).shape
+        (8,)
+    """
+    return x.reshape(-1).view(np.uint8)
+
+
+class Live:
+    """The payloads of one request, received from its client as the handler asks for them.
+
+    ``server`` gives ``recv_payload(buf, src)`` (exact size) and
+    ``probe_payload(src) -> nbytes``; ``total`` is :func:`num_payloads` of the header.
+
+    Example: ``Live(server, src, 2).next_bytes()`` receives the first payload.
+    """
+
+    def __init__(self, server: Any, src: int, total: int) -> None:
+        self.server = server
+        self.src = src
+        self.left = total
+        self._peeked: np.ndarray | None = None
+
+    def _receive(self) -> np.ndarray:
+        if self.left <= 0:
+            raise PSError("a request reads more payloads than its client sent (protocol error)")
+        self.left -= 1
+        buf = np.empty(self.server.probe_payload(self.src), np.uint8)
+        self.server.recv_payload(buf, self.src)
+        return buf
+
+    def peek_int64(self) -> np.ndarray:
+        """The next payload as int64, left in place for :meth:`next_bytes`."""
+        if self._peeked is None:
+            self._peeked = self._receive()
+        return self._peeked.view(np.int64)
+
+    def next_bytes(self) -> np.ndarray:
+        """The next payload as a new uint8 array."""
+        if self._peeked is not None:
+            out, self._peeked = self._peeked, None
+            return out
+        return self._receive()
+
+    def into(self, buf: np.ndarray) -> None:
+        """Receive the next payload straight into the uint8 array ``buf`` (exact size)."""
+        if self._peeked is not None:
+            _copy_exact(buf, self.next_bytes())
+            return
+        if self.left <= 0:
+            raise PSError("a request reads more payloads than its client sent (protocol error)")
+        self.left -= 1
+        self.server.recv_payload(buf, self.src)
+
+    def rest(self) -> list[np.ndarray]:
+        """Every payload not read yet, as new arrays (to park the request)."""
+        out = [] if self._peeked is None else [self._peeked]
+        self._peeked = None
+        while self.left > 0:
+            out.append(self._receive())
+        return out
+
+    def drain(self) -> None:
+        """Receive and drop the payloads not read yet."""
+        self._peeked = None
+        while self.left > 0:
+            self._receive()
+
+
+class Stored:
+    """The payloads of a parked request, already received (same reading API as :class:`Live`).
+
+    Example:
+        >>> s = Stored([np.arange(2, dtype=np.int64).view(np.uint8)])
+        >>> s.peek_int64().tolist(), s.next_bytes().nbytes, s.left
+        ([0, 1], 16, 0)
+    """
+
+    def __init__(self, payloads: list[np.ndarray]) -> None:
+        self._items = deque(payloads)
+
+    @property
+    def left(self) -> int:
+        """How many payloads are still unread."""
+        return len(self._items)
+
+    def peek_int64(self) -> np.ndarray:
+        """The next payload as int64, left in place."""
+        if not self._items:
+            raise PSError("a request reads more payloads than its client sent (protocol error)")
+        return self._items[0].view(np.int64)
+
+    def next_bytes(self) -> np.ndarray:
+        """The next payload (uint8)."""
+        if not self._items:
+            raise PSError("a request reads more payloads than its client sent (protocol error)")
+        return self._items.popleft()
+
+    def into(self, buf: np.ndarray) -> None:
+        """Copy the next payload into ``buf`` (exact size)."""
+        _copy_exact(buf, self.next_bytes())
+
+    def rest(self) -> list[np.ndarray]:
+        """The unread payloads."""
+        out = list(self._items)
+        self._items.clear()
+        return out
+
+    def drain(self) -> None:
+        """Drop the unread payloads."""
+        self._items.clear()
+
+
+def _copy_exact(buf: np.ndarray, data: np.ndarray) -> None:
+    if data.nbytes != buf.nbytes:
+        raise PSError(f"a payload has {data.nbytes} bytes; the header announced {buf.nbytes}")
+    buf[...] = data
+
+
+__all__ = [
+    "ASYNC_OPS",
+    "HEADER_WORDS",
+    "MAX_NDIM",
+    "OPTIMIZER_CLASSES",
+    "SUPPORTED_DTYPES",
+    "TAG_HEADER",
+    "TAG_PAYLOAD",
+    "TAG_REPLY",
+    "UPDATE_OPS",
+    "Live",
+    "Stored",
+    "PSError",
+    "PSTypeError",
+    "as_bytes",
+    "decode_header",
+    "dtype_code",
+    "dtype_of",
+    "encode_header",
+    "float_word",
+    "from_json_bytes",
+    "get_shape",
+    "num_payloads",
+    "put_shape",
+    "to_json_bytes",
+    "word_float",
+]
