@@ -150,3 +150,13 @@ def test_other_strategies_and_ps_ranks_are_refused():
     roles = PSRoles(None, 1, (1,), (2,), 0, "ps", 0)
     with pytest.raises(ValueError, match="not on a ps"):
         ClusterCoordinator(_strategy(roles))
+
+
+@needs_mpirun
+@pytest.mark.timeout(90)
+def test_a_killed_worker_under_the_real_parameter_server_strategy():
+    done = _mpirun("failover_ps.py", 5, ulfm=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _reports(done.stdout, "RESULTS") == {0: [x * x for x in range(24)]}
+    assert _reports(done.stdout, "COUNTER") == {0: 24}  # the dead worker's add never happened
+    assert _reports(done.stdout, "ALIVE") == {0: [True, False, True]}
