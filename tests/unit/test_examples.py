@@ -60,3 +60,14 @@ def test_seed_example_and_custom_loop_run_on_2_ranks():
     assert done.returncode == 0, done.stdout + done.stderr
     last = [line for line in done.stdout.splitlines() if line.startswith("epoch 10:")]
     assert len(last) == 1 and float(last[0].rsplit("accuracy", 1)[1]) > 0.9
+
+
+def test_ps_train_digits_reaches_93_percent_with_1_ps_and_3_workers():
+    done = _mpirun("examples/ps_train_digits.py", "--min-accuracy", "0.93", n=4, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr  # every rank, the ps too, exits 0
+    out = done.stdout
+    assert out.count("test accuracy:") == 1  # worker 0 prints, once
+    assert float(out.split("test accuracy:")[1].split()[0]) >= 0.93
+    # 3 workers x 15 steps (479 examples, batch 32) x 20 epochs, every update counted once
+    assert "global step: 900" in out
+    assert "staleness: mean" in out
