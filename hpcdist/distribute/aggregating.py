@@ -26,17 +26,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from hpcdist.arrays import asarray, to_device
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
 from hpcdist.distribute.devices import Device
 from hpcdist.distribute.values import local_results, select_mirrored
 from hpcdist.distribute.variables import (
-    AGGREGATION_ERROR,
     Variable,
     VariableAggregation,
+    check_replica_write,
 )
 
 
@@ -93,14 +91,7 @@ class AggregatingVariable(Variable):
             self._set(op, select_mirrored(0, value))
             return self if read_value else None
         agg = self._aggregation
-        if agg is VariableAggregation.NONE:
-            raise ValueError(AGGREGATION_ERROR.format(kind="AggregatingVariable"))
-        if agg is VariableAggregation.MEAN and not np.issubdtype(self.dtype, np.floating):
-            raise ValueError(
-                f"cannot update the {self.dtype} variable {self.name!r} with MEAN aggregation "
-                "in replica context (the mean of integers loses precision); use a float "
-                "variable or update it in cross-replica context"
-            )
+        check_replica_write(self, "AggregatingVariable")
 
         def merge(s: Any, v: Any) -> None:
             self._set(op, combine(s, v, agg))

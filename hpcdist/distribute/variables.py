@@ -388,14 +388,7 @@ class MirroredVariable(DistributedVariable):
             self._update_each(op, value)
             return self if read_value else None
         agg = self._aggregation
-        if agg is VariableAggregation.NONE:
-            raise ValueError(AGGREGATION_ERROR.format(kind="MirroredVariable"))
-        if agg is VariableAggregation.MEAN and not np.issubdtype(self.dtype, np.floating):
-            raise ValueError(
-                f"cannot update the {self.dtype} variable {self.name!r} with MEAN aggregation "
-                "in replica context (the mean of integers loses precision); use a float "
-                "variable or update it in cross-replica context"
-            )
+        check_replica_write(self, "MirroredVariable")
 
         def merge(strategy: Any, v: Any) -> None:
             self._update_each(op, aggregate(strategy, v, agg, self))
@@ -446,6 +439,22 @@ class SyncOnReadVariable(DistributedVariable):
             value = (value / n).astype(self.dtype)
         self._update_each(op, value)
         return self if read_value else None
+
+
+def check_replica_write(var: Any, kind: str) -> None:
+    """Raise unless ``var``'s aggregation can combine a write made by several replicas.
+
+    Example: ``check_replica_write(v, "MirroredVariable")`` before a merged write.
+    """
+    agg = var.aggregation
+    if agg is VariableAggregation.NONE:
+        raise ValueError(AGGREGATION_ERROR.format(kind=kind))
+    if agg is VariableAggregation.MEAN and not np.issubdtype(var.dtype, np.floating):
+        raise ValueError(
+            f"cannot update the {var.dtype} variable {var.name!r} with MEAN aggregation "
+            "in replica context (the mean of integers loses precision); use a float "
+            "variable or update it in cross-replica context"
+        )
 
 
 def aggregate(strategy: Any, value: Any, aggregation: VariableAggregation, var: Any) -> Any:

@@ -546,6 +546,11 @@ class Optimizer:
                 continue
             grads.append(g)
             variables.append(v)
+        self._check_missing(pairs, variables, missing, stacklevel=4)
+        return grads, variables, [v for _, v in pairs]
+
+    def _check_missing(self, pairs: list, variables: list, missing: list, stacklevel: int) -> None:
+        """Raise when no variable has a gradient; warn (once) about those without one."""
         if not variables:
             names = [getattr(v, "name", v) for _, v in pairs]
             raise ValueError(
@@ -557,9 +562,8 @@ class Optimizer:
             warnings.warn(
                 f"Gradients do not exist for variables {missing} when minimizing the loss; "
                 "they are not updated",
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
-        return grads, variables, [v for _, v in pairs]
 
     def _check_replica_variables(self, strategy: Any, variables: list[Any]) -> None:
         k = strategy.extended._num_local_replicas

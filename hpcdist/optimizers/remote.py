@@ -20,7 +20,6 @@ works unchanged for ps variables.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import numpy as np
@@ -117,18 +116,7 @@ def _filter(optimizer: Any, pairs: list) -> tuple[list, list]:
             continue
         grads.append(g)
         variables.append(v)
-    if not variables:
-        raise ValueError(
-            f"No gradients provided for any variable: {[p[1].name for p in pairs]}. Every "
-            "gradient is None; check that the loss depends on the variables"
-        )
-    if missing and tuple(missing) not in optimizer._warned:
-        optimizer._warned.add(tuple(missing))
-        warnings.warn(
-            f"Gradients do not exist for variables {missing} when minimizing the loss; "
-            "they are not updated",
-            stacklevel=4,
-        )
+    optimizer._check_missing(pairs, variables, missing, stacklevel=5)
     return grads, variables
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from hpcdist.arrays import asarray, to_host
 from hpcdist.distribute import context
 from hpcdist.distribute.aggregating import combine
-from hpcdist.distribute.variables import Variable, VariableAggregation
+from hpcdist.distribute.variables import Variable, check_replica_write
 
 _UNSET = -1  # a token no run has: the cache must be pulled
 
@@ -152,13 +152,7 @@ class PSVariable(Variable):
             and getattr(ctx, "_merger", None) is not None
         ):
             agg = self._aggregation
-            if agg is VariableAggregation.NONE:
-                raise ValueError(
-                    f"variable {self.name!r} is written in a replica context by "
-                    f"{ext._num_local_replicas} replicas but has aggregation NONE; give it "
-                    "aggregation SUM, MEAN or ONLY_FIRST_REPLICA (or write it in the "
-                    "cross-replica context)"
-                )
+            check_replica_write(self, "PSVariable")
 
             def merge(strategy: Any, v: Any) -> None:
                 self._send(op, combine(strategy, v, agg))
