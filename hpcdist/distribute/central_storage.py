@@ -121,15 +121,7 @@ class CentralStorageExtended(StrategyExtended):
                 f"variable {spec['name']!r} is {value.dtype}. Use a float initial value or "
                 "another aggregation (SUM, ONLY_FIRST_REPLICA)"
             )
-        components = tuple(
-            vs.Variable._make(
-                to_device(value, d.device_type, d.index),
-                device=d,
-                strategy=self._strategy,
-                **{**spec, "name": spec["name"] if i == 0 else f"{spec['name']}/replica_{i}"},
-            )
-            for i, d in enumerate(self._devices)
-        )
+        components = self._replica_components(value, spec)
         return vs.SyncOnReadVariable(self._strategy, components, **spec)
 
     def update(

@@ -452,8 +452,16 @@ class StrategyExtended:
                 f"variable {spec['name']!r} is {value.dtype}. Use a float initial value or "
                 "another aggregation (SUM, ONLY_FIRST_REPLICA)"
             )
-        value = self._broadcast_initial_value(value)
-        components = tuple(
+        components = self._replica_components(self._broadcast_initial_value(value), spec)
+        on_read = spec["synchronization"] is vs.VariableSynchronization.ON_READ
+        kind = vs.SyncOnReadVariable if on_read else vs.MirroredVariable
+        return kind(self._strategy, components, **spec)
+
+    def _replica_components(self, value: Any, spec: dict) -> tuple[Any, ...]:
+        """One plain variable per local device holding a copy of ``value`` (``name/replica_i``)."""
+        from hpcdist.distribute import variables as vs
+
+        return tuple(
             vs.Variable._make(
                 to_device(value, d.device_type, d.index),
                 device=d,
@@ -462,9 +470,6 @@ class StrategyExtended:
             )
             for i, d in enumerate(self._devices)
         )
-        on_read = spec["synchronization"] is vs.VariableSynchronization.ON_READ
-        kind = vs.SyncOnReadVariable if on_read else vs.MirroredVariable
-        return kind(self._strategy, components, **spec)
 
     def _owner(self) -> Any:
         """The strategy recorded on plain variables made in scope (``None`` for the default)."""

@@ -173,6 +173,14 @@ class FixedShardsPartitioner(Partitioner):
         return f"FixedShardsPartitioner(num_shards={self._num_shards})"
 
 
+def _rows_and_row_bytes(
+    dims: tuple[int, ...], axis: int, dtype: Any, bytes_per_string: int
+) -> tuple[int, int]:
+    """The length of ``axis`` and the bytes of one slice along it."""
+    row_bytes = math.prod(d for i, d in enumerate(dims) if i != axis)
+    return dims[axis], row_bytes * _element_bytes(dtype, bytes_per_string)
+
+
 class MinSizePartitioner(Partitioner):
     """As many shards as possible (at most ``max_shards``), each of at least ``min_shard_bytes``.
 
@@ -196,9 +204,7 @@ class MinSizePartitioner(Partitioner):
     def __call__(self, shape: Any, dtype: Any, axis: int = 0) -> list[int]:
         """The partition counts of ``shape``; see the class docstring."""
         dims, axis = _shape_axis(shape, axis)
-        rows = dims[axis]
-        row_bytes = math.prod(d for i, d in enumerate(dims) if i != axis)
-        row_bytes *= _element_bytes(dtype, self._bytes_per_string)
+        rows, row_bytes = _rows_and_row_bytes(dims, axis, dtype, self._bytes_per_string)
         if rows == 0 or row_bytes == 0:
             return self._result(dims, axis, 1)
         rows_per_shard = -(-self._min_shard_bytes // row_bytes)  # ceil
@@ -237,9 +243,7 @@ class MaxSizePartitioner(Partitioner):
     def __call__(self, shape: Any, dtype: Any, axis: int = 0) -> list[int]:
         """The partition counts of ``shape``; see the class docstring."""
         dims, axis = _shape_axis(shape, axis)
-        rows = dims[axis]
-        row_bytes = math.prod(d for i, d in enumerate(dims) if i != axis)
-        row_bytes *= _element_bytes(dtype, self._bytes_per_string)
+        rows, row_bytes = _rows_and_row_bytes(dims, axis, dtype, self._bytes_per_string)
         if rows == 0 or row_bytes == 0:
             return self._result(dims, axis, 1)
         rows_per_shard = max(1, self._max_shard_bytes // row_bytes)

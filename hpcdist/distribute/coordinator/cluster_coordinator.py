@@ -112,9 +112,8 @@ class ClusterCoordinator:
             return super().__new__(WorkerCoordinator)
         return super().__new__(cls)
 
-    def __init__(self, strategy: Any) -> None:
-        if getattr(self, "_strategy", None) is not None:
-            return  # the strategy's existing coordinator
+    def _attach(self, strategy: Any) -> None:
+        """Take the roles and the coordination communicator (errors returned) of ``strategy``."""
         roles = _roles_of(strategy)
         self._strategy = strategy
         self._roles = roles
@@ -124,6 +123,11 @@ class ClusterCoordinator:
         self._MPI = mpi()
         self._comm.Set_errhandler(self._MPI.ERRORS_RETURN)
         self._workers = list(roles.worker_ranks)
+
+    def __init__(self, strategy: Any) -> None:
+        if getattr(self, "_strategy", None) is not None:
+            return  # the strategy's existing coordinator
+        self._attach(strategy)
         self._lock = threading.RLock()
         self._count = 0  # closures scheduled so far
         self._closed = False

@@ -45,15 +45,8 @@ class WorkerCoordinator(cc.ClusterCoordinator):
     def __init__(self, strategy: Any) -> None:
         if getattr(self, "_strategy", None) is not None:
             return  # the strategy's existing coordinator
-        roles = cc._roles_of(strategy)
-        self._strategy = strategy
-        self._roles = roles
-        self._comm = strategy.extended._coordination_comm
-        from hpcdist.runtime.mpi import mpi
-
-        self._MPI = mpi()
-        self._comm.Set_errhandler(self._MPI.ERRORS_RETURN)
-        self._workers = list(roles.worker_ranks)
+        self._attach(strategy)
+        roles = self._roles
         self._index = int(roles.worker_index)
         self._chief = int(roles.chief_rank)
         # closure k -> (fn, args, kwargs, name hash, RemoteValue); dropped once surely finished
