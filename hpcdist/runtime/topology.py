@@ -191,10 +191,12 @@ def world() -> World:
         if _WORLD is None:
             from hpcdist.runtime.abort import install_abort_on_error
             from hpcdist.runtime.checks import check_launch_everywhere
+            from hpcdist.runtime.failures import register_exit_guard
 
             comm = mpi().COMM_WORLD
             check_launch_everywhere(comm)
             if comm.Get_size() > 1:
                 install_abort_on_error(comm)
+                register_exit_guard()
             _WORLD = build_world(comm)
     return _WORLD

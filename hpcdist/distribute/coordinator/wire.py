@@ -380,10 +380,12 @@ def failed_ranks(comm: Any) -> set[int]:
 
     Example: ``dead = failed_ranks(comm)`` after an ``ERR_PROC_FAILED``.
     """
+    from hpcdist.runtime.failures import note_process_failure
     from hpcdist.runtime.mpi import mpi
 
     MPI = mpi()
     comm.Ack_failed()
+    note_process_failure()
     failed = comm.Get_failed()
     group = comm.Get_group()
     try:

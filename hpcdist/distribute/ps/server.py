@@ -24,6 +24,7 @@ from hpcdist.distribute.ps import protocol as P
 from hpcdist.distribute.ps.optimizer_host import OptimizerHost
 from hpcdist.distribute.ps.protocol import Live, Stored
 from hpcdist.runtime import mpi
+from hpcdist.runtime.failures import note_process_failure
 
 BUCKETS = 32
 
@@ -298,6 +299,7 @@ class Server:
         try:
             group, everyone = self.comm.Get_failed(), self.comm.Get_group()
             self.comm.Ack_failed()
+            note_process_failure()
             ranks += group.Translate_ranks(list(range(group.Get_size())), everyone)
             group.Free()
             everyone.Free()
