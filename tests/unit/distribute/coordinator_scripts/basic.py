@@ -142,7 +142,7 @@ chief_facts["dataset_fn calls on the chief"] = built_on.count(0)
 biggest = 0
 many = []
 for i in range(CLOSURE_QUEUE_MAX_SIZE + 50):
-    many.append(coordinator.schedule(lambda i=i: time.sleep(0.002) or i))
+    many.append(coordinator.schedule(lambda i=i: time.sleep(0.01) or i))
     if roles.chief_rank == roles.rank:
         biggest = max(biggest, len(coordinator._queue))
 coordinator.join()
