@@ -88,6 +88,33 @@ class CollectiveMismatchError(HpcdistError, ValueError):
     """
 
 
+class CheckpointError(HpcdistError, ValueError):
+    """A checkpoint cannot be written or read (missing files, a layout that does not fit).
+
+    Example:
+        >>> issubclass(CheckpointError, ValueError)
+        True
+    """
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A checkpoint's files are truncated, altered or inconsistent with its manifest.
+
+    Example:
+        >>> issubclass(CheckpointCorruptError, CheckpointError)
+        True
+    """
+
+
+class CollectiveStallWarning(RuntimeWarning):
+    """A collective has waited longer than the stall threshold for some ranks.
+
+    Example:
+        >>> issubclass(CollectiveStallWarning, RuntimeWarning)
+        True
+    """
+
+
 __all__ = [
     "HpcdistError",
     "ClusterConfigError",
@@ -99,4 +126,7 @@ __all__ = [
     "LaunchError",
     "CollectiveTimeoutError",
     "CollectiveMismatchError",
+    "CheckpointError",
+    "CheckpointCorruptError",
+    "CollectiveStallWarning",
 ]
