@@ -507,6 +507,73 @@ from hpcdist.data.transform_nodes import (  # noqa: E402
     UnbatchDataset,
 )
 
+
+def _counters(dataset: Any) -> list[_EpochCounter]:
+    """The iteration counters of ``dataset``'s chain, from the last node to the source."""
+    found: list[_EpochCounter] = []
+    node = dataset
+    while isinstance(node, Dataset):
+        counter = getattr(node, "_epochs", None)
+        if isinstance(counter, _EpochCounter) and all(c is not counter for c in found):
+            found.append(counter)
+        node = node._input
+    return found
+
+
+def iteration_counts(dataset: Any) -> list[int]:
+    """How many iterations each counting node of ``dataset`` has started (shuffles, file lists).
+
+    With :func:`set_iteration_counts` it lets a checkpoint put a pipeline back
+    where it was, so that the next iteration reshuffles exactly as it would have.
+    Anything that is not a ``Dataset`` has no counters (``[]``).
+
+    Example:
+        >>> ds = Dataset.range(4).shuffle(4, seed=1)
+        >>> _ = list(ds); iteration_counts(ds)
+        [1]
+    """
+    return [c.count for c in _counters(dataset)]
+
+
+def set_iteration_counts(dataset: Any, counts: Sequence[int]) -> None:
+    """Set the counters :func:`iteration_counts` reported (same pipeline, same order).
+
+    Example:
+        >>> ds = Dataset.range(4).shuffle(4, seed=1)
+        >>> first, second = [int(x) for x in ds], [int(x) for x in ds]
+        >>> set_iteration_counts(ds, [1]); [int(x) for x in ds] == second
+        True
+    """
+    counters = _counters(dataset)
+    counts = [int(c) for c in counts]
+    if len(counts) != len(counters) or any(c < 0 for c in counts):
+        raise ValueError(
+            f"the pipeline has {len(counters)} counting nodes (shuffle, list_files) but the "
+            f"saved iteration counts are {counts}; restore into the same input pipeline"
+        )
+    for counter, n in zip(counters, counts, strict=True):
+        counter.set(n)
+
+
+def set_iteration_count(dataset: Any, n: int) -> None:
+    """Make the next iteration of ``dataset`` behave as its ``n``-th (0-based) one.
+
+    Every counting node gets ``n``: right for pipelines that iterate each node
+    once per epoch (no ``repeat`` above a ``shuffle``), as ``Model.fit``'s own
+    dataset does. Use :func:`set_iteration_counts` for an exact copy of a state.
+
+    Example:
+        >>> ds = Dataset.range(5).shuffle(5, seed=3)
+        >>> epochs = [[int(x) for x in ds] for _ in range(3)]
+        >>> set_iteration_count(ds, 2); [int(x) for x in ds] == epochs[2]
+        True
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n is {n!r}; expected an int >= 0 (the 0-based iteration index)")
+    for counter in _counters(dataset):
+        counter.set(n)
+
+
 __all__ = [
     "AUTOTUNE",
     "INFINITE",
@@ -529,4 +596,7 @@ __all__ = [
     "SkipDataset",
     "ShardDataset",
     "PrefetchDataset",
+    "iteration_counts",
+    "set_iteration_counts",
+    "set_iteration_count",
 ]

@@ -89,6 +89,7 @@ import numpy as np
 
 from hpcdist.arrays import is_array, to_device
 from hpcdist.data.autoshard import apply_autoshard
+from hpcdist.data.dataset import iteration_counts, set_iteration_counts
 from hpcdist.data.input_context import (
     InputContext,
     InputOptions,
@@ -105,7 +106,7 @@ from hpcdist.data.rebatch import (
     worker_sub_batches,
 )
 from hpcdist.distribute import nest
-from hpcdist.errors import HpcdistError
+from hpcdist.errors import CheckpointError, HpcdistError
 
 _MISSING = object()  # a replica's slot in a step for which its pipeline had no data
 _END = object()  # the producer's last item: the local pipeline is exhausted
@@ -549,8 +550,10 @@ class DistributedDataset:
         count_elements: bool,
         auto_shard_policy: AutoShardPolicy | None = None,
         read_ahead: bool = True,
+        sources: Sequence[Any] = (),
     ) -> None:
         self._groups = groups
+        self._sources = list(sources)  # the pipelines whose iteration counters a checkpoint keeps
         self._layout = layout
         self._options = options
         self._replica_spec = element_spec
@@ -602,8 +605,18 @@ class DistributedIterator:
 
     def __init__(self, dataset: DistributedDataset) -> None:
         self._dataset = dataset
-        layout = dataset._layout
-        self._layout = layout
+        self._layout = dataset._layout
+        self._agreeing = self._layout.collectives is not None
+        from hpcdist.distribute.values import PerReplica
+
+        self._per_replica = PerReplica
+        self._start()
+
+    def _start(self) -> None:
+        dataset, layout = self._dataset, self._layout
+        # Before anything iterates: the counters this iteration will use (for checkpoints).
+        self._counts = [iteration_counts(s) for s in dataset._sources]
+        self._steps_taken = 0
         steps = _steps(
             dataset._groups,
             layout.num_replicas,
@@ -618,10 +631,48 @@ class DistributedIterator:
         self._template: Any = None
         self._local_done = False
         self._done = False
-        self._agreeing = layout.collectives is not None
-        from hpcdist.distribute.values import PerReplica
 
-        self._per_replica = PerReplica
+    # -- checkpoints (hpcdist.checkpoint's state protocol)
+    def _checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """No arrays; meta = the pipelines' iteration counters and the steps given so far.
+
+        Example: ``Checkpoint(iterator=it).save(prefix)`` calls it on every worker.
+        """
+        return {}, {"counts": self._counts, "steps": self._steps_taken, "done": self._done}
+
+    def _restore_checkpoint_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        """Restart at the saved position: same counters, then skip the steps already given.
+
+        The skipped steps are read again (and agreed on, like any step) but not
+        returned, so the pipeline must be deterministic: seeded shuffles, no
+        ``seed=None``. Every worker restores at the same time, as it saves.
+
+        Example: ``Checkpoint(iterator=iter(dist)).restore(path)``.
+        """
+        try:
+            counts, steps, done = meta["counts"], int(meta["steps"]), bool(meta["done"])
+            if not isinstance(counts, list) or len(counts) != len(self._dataset._sources):
+                raise ValueError(f"{len(self._dataset._sources)} pipelines, counts {counts!r}")
+            if steps < 0:
+                raise ValueError(f"steps is {steps}")
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(
+                f"the saved iterator state {meta!r} does not fit this iterator ({error}); "
+                "restore into an iterator of the same distributed dataset"
+            ) from None
+        self._finalizer()
+        for source, saved in zip(self._dataset._sources, counts, strict=True):
+            set_iteration_counts(source, saved)
+        self._start()
+        for _ in range(steps):
+            if self._advance() is _MISSING:
+                raise CheckpointError(
+                    f"the input pipeline ended after {self._steps_taken} of the {steps} steps "
+                    "the checkpoint had already taken: it is not the same data"
+                )
+            self._steps_taken += 1
+        if done:
+            self._finish()
 
     # -- TF's API
     def get_next(self) -> Any:
@@ -629,11 +680,14 @@ class DistributedIterator:
         value = self._advance()
         if value is _MISSING:
             raise StopIteration
+        self._steps_taken += 1
         return value
 
     def get_next_as_optional(self) -> Optional:
         """The next step as an :class:`Optional`, empty (not an error) at the end."""
         value = self._advance()
+        if value is not _MISSING:
+            self._steps_taken += 1
         spec = self.element_spec
         return Optional.empty(spec) if value is _MISSING else Optional.from_value(value, spec)
 
@@ -866,6 +920,7 @@ def distribute_dataset(
         count_elements=True,
         auto_shard_policy=plan.policy,
         read_ahead=_read_ahead_helps([source], layout, opts),
+        sources=[source],
     )
 
 
@@ -972,7 +1027,7 @@ def distribute_datasets_from_function(
         spec = getattr(results[0], "element_spec", None)
     read_ahead = _read_ahead_helps(results, layout, opts)
     return DistributedDataset(
-        groups, layout, opts, spec, count_elements=False, read_ahead=read_ahead
+        groups, layout, opts, spec, count_elements=False, read_ahead=read_ahead, sources=results
     )
 
 

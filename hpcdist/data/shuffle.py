@@ -31,6 +31,16 @@ class _EpochCounter:
             self._count += 1
             return n
 
+    @property
+    def count(self) -> int:
+        """The index the next iteration will get."""
+        return self._count
+
+    def set(self, n: int) -> None:
+        """Make the next iteration the ``n``-th (0-based); used when resuming from a checkpoint."""
+        with self._lock:
+            self._count = n
+
 
 def _epoch_rng(seed: int | None, reshuffle: bool, counter: _EpochCounter) -> np.random.Generator:
     """The generator of one iteration (see the module docstring for the rule)."""
