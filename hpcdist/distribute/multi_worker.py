@@ -19,17 +19,21 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from hpcdist.cluster.base import ClusterResolver
+from hpcdist.cluster.gpus import parse_visible_devices
 from hpcdist.cluster.roles import id_in_cluster, worker_count
 from hpcdist.collectives import CommunicationImplementation, CommunicationOptions
 from hpcdist.collectives.engine import Collectives
 from hpcdist.distribute.devices import Device, canonical_devices, check_devices_exist
 from hpcdist.distribute.extended import StrategyExtended
 from hpcdist.distribute.strategy import Strategy
-from hpcdist.errors import ClusterConfigError
+from hpcdist.errors import ClusterConfigError, LaunchError
+from hpcdist.runtime import mpi
+from hpcdist.runtime.checks import shared_gpu_advice, shared_gpu_problems
 
 
 def _options(communication_options: Any, communication: Any) -> CommunicationOptions:
@@ -62,17 +66,36 @@ def _worker_id(resolver: ClusterResolver) -> tuple[int, int, str, int]:
     )
 
 
-def _agree(comm: Any, resolver: ClusterResolver, num_local: int) -> tuple[int, str, int]:
+def _physical_gpus(local: Sequence[Device]) -> list[str]:
+    """The host's ids of this worker's GPUs (``CUDA_VISIBLE_DEVICES`` entries, else ordinals)."""
+    visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    ids = []
+    for d in local:
+        if d.device_type == "GPU":
+            index = d.index or 0
+            ids.append(visible[index] if visible and index < len(visible) else str(index))
+    return ids
+
+
+def _agree(comm: Any, resolver: ClusterResolver, local: Sequence[Device]) -> tuple[int, str, int]:
     """Check on every rank that the cluster matches the MPI job; collective.
 
     Returns this rank's worker id, job and task. Every rank raises the same
-    error when any rank's view disagrees, so none is left waiting.
+    error when any rank's view disagrees (including two ranks of a host on
+    one GPU), so none is left waiting.
     """
+    num_local = len(local)
+    where = (mpi().Get_processor_name(), _physical_gpus(local))
     try:
-        mine: tuple[Any, ...] = (*_worker_id(resolver), num_local, None)
+        mine: tuple[Any, ...] = (*_worker_id(resolver), num_local, None, where)
     except Exception as error:  # reported collectively below
-        mine = (None, None, None, None, num_local, f"{type(error).__name__}: {error}")
+        mine = (None, None, None, None, num_local, f"{type(error).__name__}: {error}", where)
     views = comm.allgather(mine)
+    shared = shared_gpu_problems([v[6] for v in views])
+    if shared:
+        raise LaunchError(
+            "MultiWorkerMirroredStrategy: " + "; ".join(shared) + ". " + shared_gpu_advice()
+        )
     size = comm.Get_size()
     problems = [f"rank {r}: {v[5]}" for r, v in enumerate(views) if v[5]]
     if not problems:
@@ -127,7 +150,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         w = world()
         resolver = resolve() if cluster_resolver is None else cluster_resolver
         local = self._local_devices(w, devices)
-        worker, job, task = _agree(w.comm, resolver, len(local))
+        worker, job, task = _agree(w.comm, resolver, local)
         comm = w.comm if worker == w.rank else w.comm.Split(0, key=worker)
         if options.implementation is CommunicationImplementation.NCCL and any(
             d.device_type != "GPU" for d in local

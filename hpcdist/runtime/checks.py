@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcdist.cluster.envparse import env_flag, environ_or_default
@@ -109,6 +109,46 @@ def _size_mismatch(launch: LaunchInfo, world_size: int, skip: str) -> str:
         f"world sizes disagree: the launcher ({launch.launcher}) says {launch.size} processes "
         f"but MPI's COMM_WORLD has {world_size} ({library}). Check that the launcher and "
         f"mpi4py use the same MPI and that no wrapper script starts extra processes. {skip}"
+    )
+
+
+SHARED_GPUS_VAR = "HPCDIST_ALLOW_SHARED_GPUS"
+
+
+def shared_gpu_problems(
+    views: Sequence[tuple[str, Sequence[str]]], environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """Messages naming the ranks of one host that use the same GPU (``[]``: none share).
+
+    ``views[rank]`` is ``(host, physical GPU ids)``: ``CUDA_VISIBLE_DEVICES``
+    entries (ordinals or UUIDs) as the host numbers them. Synchronous training
+    with two ranks on one GPU runs at half speed at best, and NCCL refuses such
+    a communicator, so this is a launch mistake unless
+    ``HPCDIST_ALLOW_SHARED_GPUS=1`` says it is meant.
+
+    Example:
+        >>> shared_gpu_problems([("n1", ["0"]), ("n1", ["0"]), ("n2", ["0"])], environ={})
+        ['ranks 0, 1 on host n1 all use GPU 0']
+    """
+    if env_flag(environ_or_default(environ), SHARED_GPUS_VAR):
+        return []
+    users: dict[tuple[str, str], list[int]] = {}
+    for rank, (host, gpus) in enumerate(views):
+        for gpu in dict.fromkeys(gpus):
+            users.setdefault((host, gpu), []).append(rank)
+    return [
+        f"ranks {', '.join(map(str, ranks))} on host {host} all use GPU {gpu}"
+        for (host, gpu), ranks in users.items()
+        if len(ranks) > 1
+    ]
+
+
+def shared_gpu_advice() -> str:
+    """How to fix ranks sharing a GPU (for :func:`shared_gpu_problems`'s error)."""
+    return (
+        "start one rank per GPU (srun --gpus-per-task=1, or mpirun with as many ranks per "
+        "node as GPUs and no CUDA_VISIBLE_DEVICES forced to the same value on every rank), "
+        f"or set {SHARED_GPUS_VAR}=1 if sharing is intended"
     )
 
 

@@ -105,3 +105,24 @@ def test_check_everywhere_in_a_world_of_one():
     from hpcdist.runtime.checks import check_launch_everywhere
 
     check_launch_everywhere(mpi().COMM_SELF)
+
+
+def test_ranks_sharing_a_gpu_are_named():
+    from hpcdist.runtime.checks import shared_gpu_problems
+
+    views = [("a", ["0", "1"]), ("a", ["1"]), ("b", ["1"]), ("a", ["GPU-uuid"]), ("a", ["1"])]
+    assert shared_gpu_problems(views, environ={}) == ["ranks 0, 1, 4 on host a all use GPU 1"]
+    assert shared_gpu_problems([("a", ["0"]), ("a", ["1"]), ("a", [])], environ={}) == []
+    allowed = {"HPCDIST_ALLOW_SHARED_GPUS": "1"}
+    assert shared_gpu_problems(views, environ=allowed) == []
+
+
+def test_physical_gpu_ids_follow_cuda_visible_devices(monkeypatch):
+    from hpcdist.distribute.devices import Device
+    from hpcdist.distribute.multi_worker import _physical_gpus
+
+    gpus = [Device(None, None, None, "GPU", 0), Device(None, None, None, "GPU", 1)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert _physical_gpus(gpus + [Device(None, None, None, "CPU", 0)]) == ["3", "5"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _physical_gpus(gpus) == ["0", "1"]
