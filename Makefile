@@ -25,7 +25,7 @@ export PYTHONUNBUFFERED := 1
 
 MPI_PYTEST := $(PY) -m pytest -q --no-header --color=no -p no:cacheprovider --with-mpi tests/mpi
 
-.PHONY: help install demo test lint unit mpi-test bench clean
+.PHONY: help install demo test lint unit mpi-test faults bench clean
 
 help:
 	@echo "make demo   - install (first time) and run the main job (digits, 2 ranks)"
@@ -54,7 +54,12 @@ mpi-test: install
 	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 $(MPI_PYTEST)
 	HPCDIST_VIRTUAL_NODES=2 timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 $(MPI_PYTEST)
 
-test: lint unit mpi-test
+# Fault injection: each test starts its own mpirun job (hangs, skipped collectives, signals,
+# corrupt checkpoints) with a hard timeout, so none of them can block the run.
+faults: install
+	timeout -k 20 1200 $(PY) -m pytest -q -p no:cacheprovider tests/faults
+
+test: lint unit mpi-test faults
 	@echo "make test: all passed"
 
 bench: install
