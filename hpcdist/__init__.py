@@ -17,6 +17,7 @@ Example:
 
 from hpcdist import (
     callbacks,
+    checkpoint,
     cluster_resolver,
     data,
     errors,
@@ -24,6 +25,7 @@ from hpcdist import (
     nn,
     optimizers,
     runtime,
+    train,
 )
 from hpcdist.collectives.options import CommunicationImplementation, CommunicationOptions
 from hpcdist.data.input_context import InputContext, InputOptions, InputReplicationMode
@@ -43,6 +45,7 @@ __all__ = [
     "World",
     "__version__",
     "callbacks",
+    "checkpoint",
     "cluster_resolver",
     "coordinator",
     "data",
@@ -51,6 +54,7 @@ __all__ = [
     "nn",
     "optimizers",
     "runtime",
+    "train",
     "world",
     *_distribute_names,
 ]

@@ -11,6 +11,8 @@ from hpcdist.collectives.options import (
     CommunicationImplementation,
     CommunicationOptions,
 )
+from hpcdist.checkpoint.preemption import PreemptionCheckpointHandler, TerminationConfig
+from hpcdist.collectives.options import get_default_timeout, set_default_timeout
 from hpcdist.distribute import coordinator, partitioners
 from hpcdist.distribute.central_storage import CentralStorageStrategy
 from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
@@ -23,6 +25,10 @@ __all__ = [
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
+    "PreemptionCheckpointHandler",
+    "TerminationConfig",
     "coordinator",
+    "get_default_timeout",
     "partitioners",
+    "set_default_timeout",
 ]

@@ -2,7 +2,8 @@
 
 ``Callback`` (base class), ``CallbackList`` (calls the hooks of many), ``History`` (the
 per-epoch logs, returned by ``fit``), ``ProgressBar`` (tqdm bar and epoch lines on the chief),
-``CSVLogger``, ``ModelCheckpoint`` (weights only) and ``EarlyStopping``. Files are written and
+``CSVLogger``, ``ModelCheckpoint`` (weights only), ``EarlyStopping`` and ``BackupAndRestore``
+(resume an interrupted ``fit`` exactly, and save on preemption signals). Files are written and
 lines printed by the chief worker only; every worker takes the same decisions.
 
 Example:
@@ -13,6 +14,7 @@ Example:
     ['ProgressBar', 'EarlyStopping', 'History']
 """
 
+from hpcdist.callbacks.backup import BackupAndRestore
 from hpcdist.callbacks.base import Callback, CallbackList, History, is_chief
 from hpcdist.callbacks.checkpoint import ModelCheckpoint
 from hpcdist.callbacks.csv_logger import CSVLogger
@@ -20,6 +22,7 @@ from hpcdist.callbacks.early_stopping import EarlyStopping
 from hpcdist.callbacks.progress import ProgressBar
 
 __all__ = [
+    "BackupAndRestore",
     "CSVLogger",
     "Callback",
     "CallbackList",

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.arrays import array_module, to_host
+from hpcdist.callbacks.backup import FitState, find_backup
 from hpcdist.distribute import context
 from hpcdist.nn import data_adapter, losses
 from hpcdist.nn import metrics as metrics_mod
@@ -257,30 +258,56 @@ class Trainer:
             (x, y, sample_weight), validation_data = data_adapter.split_validation(
                 x, y, sample_weight, validation_split
             )
+
+        def batches(seed: int | None) -> tuple[Any, int | None]:
+            return data_adapter.as_dataset(
+                x, y, sample_weight, batch_size=batch_size, shuffle=bool(shuffle), seed=seed
+            )
+
         seed = self._shuffle_seed() if shuffle and not data_adapter.is_dataset(x) else None
-        dataset, steps = data_adapter.as_dataset(
-            x, y, sample_weight, batch_size=batch_size, shuffle=bool(shuffle), seed=seed
-        )
+        dataset, steps = batches(seed)
         val = self._validation_dataset(validation_data, validation_batch_size or batch_size)
         self._ensure_built(dataset)
-        dist = self._distributed(dataset)
-        if val is not None:
-            val = self._distributed(val)
         if steps_per_epoch is not None:
             steps = int(steps_per_epoch)
         cbs = self._callbacks(callbacks, verbose, epochs, steps)
+        backup = find_backup(cbs)
+        state = FitState(seed, self._distributed(dataset))
+        if backup is not None and backup._begin(self, state):  # resume where the backup is
+            initial_epoch = state.epoch
+            if state.seed != seed:  # the backup's shuffle order, not this run's new seed
+                state.dist = self._distributed(batches(state.seed)[0])
+        validation = (None if val is None else self._distributed(val), validation_steps)
+        try:
+            epoch_range = range(initial_epoch, epochs)
+            return self._fit_epochs(state, cbs, backup, validation, validation_freq, epoch_range,
+                                    steps_per_epoch)  # fmt: skip
+        finally:
+            if backup is not None:
+                backup._end()
+
+    def _fit_epochs(
+        self, state: FitState, cbs: Any, backup: Any, validation: tuple, validation_freq: int,
+        epochs: range, steps_per_epoch: int | None,
+    ) -> Any:  # fmt: skip
+        """fit's loop. ``state`` says where it is (for ``BackupAndRestore``): a resumed fit
+        starts at the saved epoch with its iterator at the saved position (same iteration
+        counters, trained batches skipped), so it continues exactly as an uninterrupted one."""
         self.stop_training = False
         strategy = self.distribute_strategy
-        iterator = iter(dist) if steps_per_epoch is not None else None
+        dist = state.dist
+        iterator = state.position(iter(dist)) if steps_per_epoch is not None else None
         cbs.on_train_begin()
         logs: dict[str, float] = {}
-        for epoch in range(initial_epoch, epochs):
+        for epoch in epochs:
             self._reset_metrics()
             cbs.on_epoch_begin(epoch)
-            it = iterator if iterator is not None else iter(dist)
+            it = iterator if iterator is not None else state.position(iter(dist))
+            step = state.begin_epoch(epoch, it)
             ran_out = False
-            step = 0
             while steps_per_epoch is None or step < steps_per_epoch:
+                if backup is not None:
+                    backup._check_preemption()  # may save here and exit on every worker
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -289,20 +316,22 @@ class Trainer:
                 cbs.on_train_batch_begin(step)
                 strategy.run(self.train_step, args=(batch,))
                 logs = self._logs()
+                state.step = step + 1
                 cbs.on_train_batch_end(step, logs)
                 step += 1
                 if self.stop_training:
                     break
             logs = self._logs()
-            if val is not None and (epoch + 1) % int(validation_freq) == 0:
-                logs.update(self._evaluate_dataset(val, validation_steps, prefix="val_"))
+            if validation[0] is not None and (epoch + 1) % int(validation_freq) == 0:
+                logs.update(self._evaluate_dataset(*validation, prefix="val_"))
+            state.end_epoch(epoch, keep_iterator=iterator is not None)
             cbs.on_epoch_end(epoch, logs)
             if ran_out:
                 warnings.warn(
                     "your input ran out of data; training stopped. Make sure the dataset can "
-                    f"give steps_per_epoch * epochs = {steps_per_epoch * epochs} batches "
+                    f"give steps_per_epoch * epochs = {steps_per_epoch * epochs.stop} batches "
                     "(use dataset.repeat())",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
                 break
             if self.stop_training:

@@ -371,6 +371,9 @@ class Optimizer:
             self._entries[id(v)] = (v, slots)
             self._order.append(v)
             touched.add(dtype)
+        deferred = getattr(self, "_checkpoint_deferred", None)
+        if deferred is not None:  # slot values restored from a checkpoint before they existed
+            deferred.apply(self, new)
         for dtype in touched:
             self._groups[dtype].build(_num_local(first))
 

@@ -105,10 +105,10 @@ class PSClient:
         """The reply header from ``src``; a PSError with the server's message if it failed."""
         r = self._reply
         self._comm.Recv([r, self._MPI.INT64_T], src, P.TAG_REPLY)
-        if r[P.STATUS] != 0:
+        if r[P.STATUS] != P.STATUS_OK:
             text = np.empty(int(r[P.MSGLEN]), np.uint8)
             self._comm.Recv([text, self._MPI.BYTE], src, P.TAG_REPLY)
-            raise PSError(str(P.from_json_bytes(text)))
+            raise P.error_of_status(int(r[P.STATUS]), str(P.from_json_bytes(text)))
         return r
 
     def _recv(self, src: int, buf: np.ndarray) -> None:
@@ -334,6 +334,55 @@ class PSClient:
         h = P.encode_header(P.OP_APPLY_SPARSE, int(var_id), count=idx.size, value=vals,
                         a=int(opt_id), b=P.float_word(lr), c=int(version))  # fmt: skip
         self._call(ps, lambda dest: self._send(dest, h, idx.view(np.uint8), P.as_bytes(vals)))
+
+    # -- control requests (checkpoints) -------------------------------------------------------
+    def request_json(self, requests: dict[int, tuple[int, Any]]) -> dict[int, Any]:
+        """Send ps task ``ps`` the request ``(op, body)`` for each entry (``body``: JSON-able, or
+        ``None`` for no payload), all before waiting, then collect the replies: ``{ps: the
+        reply's JSON data (None if it has none) or the exception}`` (:class:`PSError`, or a
+        :class:`~hpcdist.errors.CheckpointError` the ps raised). The ps tasks work in parallel.
+
+        Example: ``client.request_json({0: (P.OP_SYNC, None), 1: (P.OP_SYNC, None)})``.
+        """
+        out: dict[int, Any] = {}
+        with self._lock:
+            dests = {ps: self._rank(ps) for ps in requests}
+            sent = []
+            for ps, (op, body) in requests.items():
+                h = P.encode_header(op)
+                try:
+                    if body is None:
+                        self._send(dests[ps], h)
+                    else:
+                        self._send(dests[ps], h, P.to_json_bytes(body))
+                    sent.append(ps)
+                except self._MPI.Exception as e:
+                    out[ps] = self._mpi_error(ps, e)
+            for ps in sent:
+                try:
+                    r = self._recv_reply(dests[ps])
+                    n = int(r[P.NBYTES])
+                    text = np.empty(n, np.uint8)
+                    if n:
+                        self._recv(dests[ps], text)
+                    out[ps] = P.from_json_bytes(text) if n else None
+                except self._MPI.Exception as e:
+                    out[ps] = self._mpi_error(ps, e)
+                except Exception as e:  # the ps's error reply, typed
+                    out[ps] = e
+        return out
+
+    def sync(self) -> None:
+        """Return when every ps has handled every request this client sent before (one small
+        round trip per ps, in parallel); raises the first error a ps reports, e.g. of an
+        earlier asynchronous update.
+
+        Example: ``client.update(0, 5, "add", g); client.sync()  # the add is applied``.
+        """
+        replies = self.request_json({ps: (P.OP_SYNC, None) for ps in range(self.num_ps)})
+        for ps in sorted(replies):
+            if isinstance(replies[ps], Exception):
+                raise replies[ps]
 
     # -- stats and shutdown ---------------------------------------------------------------------
     def stats(self, ps: int) -> dict:

@@ -69,6 +69,8 @@ class OptimizerHost:
         self._opts: dict[int, tuple[str, Any]] = {}
         self._keys: dict[int, str] = {}
         self._states: dict[tuple[int, int], _State] = {}
+        self._configs: dict[int, dict[str, Any]] = {}
+        self._restored: dict[int, str] = {}  # opt_id -> class of restored slots not yet registered
 
     def register(self, opt_id: int, class_name: str, config: dict[str, Any]) -> None:
         """Build optimizer ``opt_id``; a repeat with the same class and config is a no-op.
@@ -86,6 +88,13 @@ class OptimizerHost:
         if not isinstance(config, dict):
             raise PSError(f"optimizer config must be a dict (get_config()), got {config!r}")
         key = _config_key(class_name, config)
+        restored = self._restored.get(opt_id)
+        if restored is not None and restored != class_name:
+            raise PSError(
+                f"a checkpoint restored {restored} slots for optimizer id {opt_id} on this "
+                f"parameter server, but a client registers a {class_name} under that id. Create "
+                "the optimizers in the same order as the program that saved the checkpoint"
+            )
         if opt_id in self._keys:
             if self._keys[opt_id] != key:
                 raise PSError(
@@ -102,8 +111,18 @@ class OptimizerHost:
             opt = deserialize({"class_name": class_name, "config": cfg})
         except (TypeError, ValueError) as e:
             raise PSError(f"cannot build optimizer {class_name} from config {config!r}: {e}") from e
+        names = set(opt._slot_names())
+        for (oid, vid), state in self._states.items():
+            if oid == opt_id and set(state.slots) != names:
+                raise PSError(
+                    f"a checkpoint restored slots {sorted(state.slots)} of variable {vid} for "
+                    f"optimizer id {opt_id}, but the registered {class_name} uses slots "
+                    f"{sorted(names)}; configure it as in the program that saved the checkpoint"
+                )
         self._opts[opt_id] = (class_name, opt)
         self._keys[opt_id] = key
+        self._configs[opt_id] = dict(config)
+        self._restored.pop(opt_id, None)
 
     def optimizer(self, opt_id: int) -> Any:
         """The optimizer registered as ``opt_id`` (:class:`PSError` if none).
@@ -140,6 +159,97 @@ class OptimizerHost:
         """
         for key in [k for k in self._states if k[1] == var_id]:
             del self._states[key]
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def export_states(self, var_ids: set[int]) -> list[dict[str, Any]]:
+        """The optimizer state of the variables ``var_ids``: one dict per optimizer id with
+        ``id``, ``class_name``, ``config`` and ``states`` (``{var_id: (step, {slot: flat})}``;
+        the arrays are the live ones: copy or write them before the next update).
+
+        Example:
+            >>> host = OptimizerHost()
+            >>> host.register(0, "SGD", {"learning_rate": 0.1, "momentum": 0.5})
+            >>> host.apply_dense(0, 3, np.zeros(2), np.ones(2), lr=1.0)
+            >>> [(o["class_name"], o["states"][3][0]) for o in host.export_states({3})]
+            [('SGD', 1)]
+        """
+        out: dict[int, dict[str, Any]] = {}
+        for (opt_id, var_id), state in sorted(self._states.items()):
+            if var_id not in var_ids:
+                continue
+            entry = out.get(opt_id)
+            if entry is None:
+                registered = self._opts.get(opt_id)
+                entry = out[opt_id] = {
+                    "id": opt_id,
+                    "class_name": registered[0] if registered else self._restored[opt_id],
+                    "config": self._configs.get(opt_id, {}),
+                    "states": {},
+                }
+            entry["states"][var_id] = (state.step, state.slots)
+        return list(out.values())
+
+    def registered(self) -> dict[int, str]:
+        """The registered optimizers: ``{opt_id: class_name}``.
+
+        Example:
+            >>> host = OptimizerHost(); host.register(2, "Adam", {"learning_rate": 0.1})
+            >>> host.registered()
+            {2: 'Adam'}
+        """
+        return {oid: entry[0] for oid, entry in self._opts.items()}
+
+    def import_state(
+        self,
+        opt_id: int,
+        class_name: str,
+        var_id: int,
+        step: int,
+        slots: dict[str, np.ndarray],
+        dry_run: bool = False,
+    ) -> None:
+        """Set the state of ``var_id`` under ``opt_id`` (restoring a checkpoint).
+
+        If ``opt_id`` is registered, its class and slot names must match; if not
+        yet, the state waits for the registration, which must then be of
+        ``class_name``. The slot arrays are kept, not copied. Raises :class:`PSError` on a
+        mismatch; ``dry_run`` only checks.
+
+        Example:
+            >>> host = OptimizerHost()
+            >>> host.import_state(0, "SGD", 3, 5, {"momentum": np.ones(2)})
+            >>> host.register(0, "SGD", {"learning_rate": 0.1, "momentum": 0.5})
+            >>> host.step(0, 3), host.slots(0, 3, np.zeros(2))["momentum"].tolist()
+            (5, [1.0, 1.0])
+        """
+        registered = self._opts.get(opt_id)
+        if registered is not None:
+            if registered[0] != class_name:
+                raise PSError(
+                    f"the checkpoint has {class_name} slots for optimizer id {opt_id}, but this "
+                    f"parameter server runs a {registered[0]} under that id. Restore into the "
+                    "same optimizers, created in the same order, as the saving program"
+                )
+            names = tuple(registered[1]._slot_names())
+            if set(names) != set(slots):
+                raise PSError(
+                    f"the checkpoint has slots {sorted(slots)} for optimizer id {opt_id} "
+                    f"({class_name}), but it uses slots {sorted(names)}; its configuration "
+                    "differs from the saving program's (e.g. momentum=0 versus momentum > 0)"
+                )
+        elif self._restored.get(opt_id, class_name) != class_name:
+            raise PSError(
+                f"the checkpoint has {class_name} and {self._restored[opt_id]} slots for "
+                f"optimizer id {opt_id}; one optimizer id has one class"
+            )
+        if dry_run:
+            return
+        if registered is None:
+            self._restored[opt_id] = class_name
+        state = _State((), 0, np.dtype(np.float64))
+        state.slots = {k: np.ascontiguousarray(v).reshape(-1) for k, v in slots.items()}
+        state.step = int(step)
+        self._states[(opt_id, var_id)] = state
 
     def _state(self, opt_id: int, var_id: int, param: np.ndarray) -> _State:
         state = self._states.get((opt_id, var_id))

@@ -8,6 +8,11 @@ reply header (same size, :data:`TAG_REPLY`), an error message if the status is
 not zero, then the reply data. Arrays travel as raw bytes; control data (names,
 shapes, optimizer configs, stats) as UTF-8 JSON. Nothing is pickled.
 
+A failed request's reply has STATUS :data:`STATUS_ERROR` (the client raises
+:class:`PSError`), :data:`STATUS_CHECKPOINT_CORRUPT` or :data:`STATUS_CHECKPOINT`
+(``CheckpointCorruptError`` / ``CheckpointError`` from :mod:`hpcdist.errors`).
+Checkpoint operations (SYNC, LIST, SAVE, RESTORE) carry JSON both ways.
+
 Request header words: ``OP, ID, COUNT, NBYTES, DTYPE, NDIM, SHAPE[0..5], A, B, C, D``.
 Reply header words: ``STATUS, VERSION, COUNT, NBYTES, DTYPE, NDIM, SHAPE[0..5], MSGLEN``.
 
@@ -23,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +58,10 @@ OP_GATHER = 8
 OP_APPLY_SPARSE = 9
 OP_STATS = 10
 OP_DONE = 11
+OP_SYNC = 12
+OP_LIST = 13
+OP_SAVE = 14
+OP_RESTORE = 15
 
 OP_NAMES = {
     OP_CREATE: "CREATE",
@@ -67,12 +75,19 @@ OP_NAMES = {
     OP_APPLY_SPARSE: "APPLY_SPARSE",
     OP_STATS: "STATS",
     OP_DONE: "DONE",
+    OP_SYNC: "SYNC",
+    OP_LIST: "LIST",
+    OP_SAVE: "SAVE",
+    OP_RESTORE: "RESTORE",
 }
 
 #: Requests without a reply; an error in one is reported by the client's next synchronous request.
 ASYNC_OPS = frozenset({OP_UPDATE, OP_APPLY, OP_APPLY_SPARSE})
 
 UPDATE_OPS = {"assign": 0, "add": 1, "sub": 2}
+
+#: Reply STATUS words: 0 is success; the others say which exception the client raises.
+STATUS_OK, STATUS_ERROR, STATUS_CHECKPOINT_CORRUPT, STATUS_CHECKPOINT = 0, 1, 2, 3
 
 #: Optimizers the ps can run (``hpcdist.optimizers`` class names).
 OPTIMIZER_CLASSES = ("SGD", "Adam", "AdamW", "RMSprop")
@@ -262,9 +277,42 @@ def num_payloads(h: np.ndarray) -> int:
         return 1 + int(h[COUNT])
     if op == OP_APPLY_SPARSE:
         return 2  # rows, values
-    if op in (OP_STATS, OP_DONE):
+    if op in (OP_STATS, OP_DONE, OP_SYNC, OP_LIST):
         return 0
     return 1
+
+
+def error_status(error: BaseException) -> int:
+    """The reply STATUS word that carries ``error``'s type to the client.
+
+    Example:
+        >>> from hpcdist.errors import CheckpointCorruptError
+        >>> error_status(CheckpointCorruptError("bad")), error_status(KeyError("x"))
+        (2, 1)
+    """
+    from hpcdist.errors import CheckpointCorruptError, CheckpointError
+
+    if isinstance(error, CheckpointCorruptError):
+        return STATUS_CHECKPOINT_CORRUPT
+    if isinstance(error, CheckpointError):
+        return STATUS_CHECKPOINT
+    return STATUS_ERROR
+
+
+def error_of_status(status: int, message: str) -> Exception:
+    """The exception a client raises for an error reply (inverse of :func:`error_status`).
+
+    Example:
+        >>> type(error_of_status(2, "bad")).__name__, type(error_of_status(1, "x")).__name__
+        ('CheckpointCorruptError', 'PSError')
+    """
+    from hpcdist.errors import CheckpointCorruptError, CheckpointError
+
+    if status == STATUS_CHECKPOINT_CORRUPT:
+        return CheckpointCorruptError(message)
+    if status == STATUS_CHECKPOINT:
+        return CheckpointError(message)
+    return PSError(message)
 
 
 def to_json_bytes(obj: Any) -> np.ndarray:
@@ -305,116 +353,8 @@ def as_bytes(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1).view(np.uint8)
 
 
-class Live:
-    """The payloads of one request, received from its client as the handler asks for them.
-
-    ``server`` gives ``recv_payload(buf, src)`` (exact size) and
-    ``probe_payload(src) -> nbytes``; ``total`` is :func:`num_payloads` of the header.
-
-    Example: ``Live(server, src, 2).next_bytes()`` receives the first payload.
-    """
-
-    def __init__(self, server: Any, src: int, total: int) -> None:
-        self.server = server
-        self.src = src
-        self.left = total
-        self._peeked: np.ndarray | None = None
-
-    def _receive(self) -> np.ndarray:
-        if self.left <= 0:
-            raise PSError("a request reads more payloads than its client sent (protocol error)")
-        self.left -= 1
-        buf = np.empty(self.server.probe_payload(self.src), np.uint8)
-        self.server.recv_payload(buf, self.src)
-        return buf
-
-    def peek_int64(self) -> np.ndarray:
-        """The next payload as int64, left in place for :meth:`next_bytes`."""
-        if self._peeked is None:
-            self._peeked = self._receive()
-        return self._peeked.view(np.int64)
-
-    def next_bytes(self) -> np.ndarray:
-        """The next payload as a new uint8 array."""
-        if self._peeked is not None:
-            out, self._peeked = self._peeked, None
-            return out
-        return self._receive()
-
-    def into(self, buf: np.ndarray) -> None:
-        """Receive the next payload straight into the uint8 array ``buf`` (exact size)."""
-        if self._peeked is not None:
-            _copy_exact(buf, self.next_bytes())
-            return
-        if self.left <= 0:
-            raise PSError("a request reads more payloads than its client sent (protocol error)")
-        self.left -= 1
-        self.server.recv_payload(buf, self.src)
-
-    def rest(self) -> list[np.ndarray]:
-        """Every payload not read yet, as new arrays (to park the request)."""
-        out = [] if self._peeked is None else [self._peeked]
-        self._peeked = None
-        while self.left > 0:
-            out.append(self._receive())
-        return out
-
-    def drain(self) -> None:
-        """Receive and drop the payloads not read yet."""
-        self._peeked = None
-        while self.left > 0:
-            self._receive()
-
-
-class Stored:
-    """The payloads of a parked request, already received (same reading API as :class:`Live`).
-
-    Example:
-        >>> s = Stored([np.arange(2, dtype=np.int64).view(np.uint8)])
-        >>> s.peek_int64().tolist(), s.next_bytes().nbytes, s.left
-        ([0, 1], 16, 0)
-    """
-
-    def __init__(self, payloads: list[np.ndarray]) -> None:
-        self._items = deque(payloads)
-
-    @property
-    def left(self) -> int:
-        """How many payloads are still unread."""
-        return len(self._items)
-
-    def peek_int64(self) -> np.ndarray:
-        """The next payload as int64, left in place."""
-        if not self._items:
-            raise PSError("a request reads more payloads than its client sent (protocol error)")
-        return self._items[0].view(np.int64)
-
-    def next_bytes(self) -> np.ndarray:
-        """The next payload (uint8)."""
-        if not self._items:
-            raise PSError("a request reads more payloads than its client sent (protocol error)")
-        return self._items.popleft()
-
-    def into(self, buf: np.ndarray) -> None:
-        """Copy the next payload into ``buf`` (exact size)."""
-        _copy_exact(buf, self.next_bytes())
-
-    def rest(self) -> list[np.ndarray]:
-        """The unread payloads."""
-        out = list(self._items)
-        self._items.clear()
-        return out
-
-    def drain(self) -> None:
-        """Drop the unread payloads."""
-        self._items.clear()
-
-
-def _copy_exact(buf: np.ndarray, data: np.ndarray) -> None:
-    if data.nbytes != buf.nbytes:
-        raise PSError(f"a payload has {data.nbytes} bytes; the header announced {buf.nbytes}")
-    buf[...] = data
-
+# The payload readers live in their own module; re-exported here for older imports.
+from hpcdist.distribute.ps.payloads import Live, Stored  # noqa: E402
 
 __all__ = [
     "ASYNC_OPS",
@@ -432,6 +372,8 @@ __all__ = [
     "PSTypeError",
     "as_bytes",
     "decode_header",
+    "error_of_status",
+    "error_status",
     "dtype_code",
     "dtype_of",
     "encode_header",

@@ -8,6 +8,8 @@ behind it, and handled once the CREATE arrives. Errors in asynchronous
 requests (update, apply) are kept and reported by the client's next
 synchronous request. Under ULFM (``mpirun --with-ft ulfm``) a client that
 dies counts as done: the server acknowledges the failure and goes on.
+The handlers of the operations are in :mod:`~hpcdist.distribute.ps.handlers`
+(checkpoints: SAVE writes this server's shard file, RESTORE loads one).
 
 Example: ``stats = serve(strategy.extended._ps_comm, roles.clients)`` on a ps rank.
 """
@@ -21,12 +23,14 @@ from typing import Any
 import numpy as np
 
 from hpcdist.distribute.ps import protocol as P
+from hpcdist.distribute.ps.handlers import Handlers, OpError, Var
 from hpcdist.distribute.ps.optimizer_host import OptimizerHost
-from hpcdist.distribute.ps.protocol import Live, Stored
+from hpcdist.distribute.ps.payloads import Live, Stored
 from hpcdist.runtime import mpi
 from hpcdist.runtime.failures import note_process_failure
 
 BUCKETS = 32
+_CHECKPOINT_OPS = frozenset({P.OP_SYNC, P.OP_LIST, P.OP_SAVE, P.OP_RESTORE})
 
 
 class StalenessStats:
@@ -64,10 +68,6 @@ class StalenessStats:
         }
 
 
-class OpError(Exception):
-    """A request that cannot be done; the message goes back to the client."""
-
-
 class ClientFailed(Exception):
     """An MPI call with client ``rank`` failed because a process died (ULFM)."""
 
@@ -76,20 +76,7 @@ class ClientFailed(Exception):
         self.rank = rank
 
 
-class _Var:
-    __slots__ = ("creator", "name", "value", "version")
-
-    def __init__(self, value: np.ndarray, name: str, creator: int) -> None:
-        self.value = value
-        self.name = name
-        self.creator = creator
-        self.version = 0
-
-    def describe(self) -> str:
-        return f"name {self.name!r}, shape {self.value.shape}, dtype {self.value.dtype}"
-
-
-class Server:
+class Server(Handlers):
     """One parameter server's state and loop (see :func:`serve`).
 
     Example: ``Server(comm, clients=[1, 2]).run()`` returns the final stats.
@@ -109,7 +96,7 @@ class Server:
             )
         comm.Set_errhandler(self.MPI.ERRORS_RETURN)
         self._failed_classes = {self.MPI.ERR_PROC_FAILED, self.MPI.ERR_PROC_FAILED_PENDING}
-        self.vars: dict[int, _Var] = {}
+        self.vars: dict[int, Var] = {}
         self.host = OptimizerHost()
         self.done: set[int] = set()
         self.failed: set[int] = set()
@@ -121,19 +108,8 @@ class Server:
         self._reply = np.zeros(P.HEADER_WORDS, np.int64)
         self._scratch = np.empty(0, np.uint8)
         self._status = self.MPI.Status()
-        self._handlers = {
-            P.OP_CREATE: self._create,
-            P.OP_DECLARE: self._declare,
-            P.OP_PULL: self._pull,
-            P.OP_UPDATE: self._update,
-            P.OP_ADD_FETCH: self._add_fetch,
-            P.OP_REGISTER: self._register,
-            P.OP_APPLY: self._apply,
-            P.OP_GATHER: self._gather,
-            P.OP_APPLY_SPARSE: self._apply_sparse,
-            P.OP_STATS: self._stats,
-            P.OP_DONE: self._done,
-        }
+        self._staged: dict[int, Any] = {}  # checkpoint restores staged per client
+        self._handlers = self._handler_table()
 
     # -- MPI calls that turn a dead peer into ClientFailed --------------------------------------
     def _failure(self, e: Exception) -> bool:
@@ -241,14 +217,19 @@ class Server:
         except ClientFailed:
             raise
         except Exception as e:  # the server survives any bad request
-            msg = str(e) if isinstance(e, (OpError, P.PSError)) else f"{type(e).__name__}: {e}"
-            what = "optimizer" if op in (P.OP_REGISTER, P.OP_APPLY) else "variable"
-            msg = f"{P.OP_NAMES.get(op, op)} of {what} {int(h[P.ID])}: {msg}"
+            status = P.error_status(e)
+            plain = isinstance(e, (OpError, P.PSError)) or status != P.STATUS_ERROR
+            msg = str(e) if plain else f"{type(e).__name__}: {e}"
+            if op in _CHECKPOINT_OPS:
+                msg = f"{P.OP_NAMES[op]}: {msg}"
+            else:
+                what = "optimizer" if op in (P.OP_REGISTER, P.OP_APPLY) else "variable"
+                msg = f"{P.OP_NAMES.get(op, op)} of {what} {int(h[P.ID])}: {msg}"
             pay.drain()
             if op in P.ASYNC_OPS:
                 self.sticky.setdefault(src, []).append(msg)
             else:
-                self._reply_error(src, msg)
+                self._reply_error(src, msg, status)
 
     # -- parking --------------------------------------------------------------------------------
     def _unpark(self, force: bool) -> None:
@@ -315,6 +296,7 @@ class Server:
 
     def _finish(self, src: int) -> None:
         self.done.add(src)
+        self._staged.pop(src, None)
 
     # -- replies --------------------------------------------------------------------------------
     def _reply_ok(self, src: int, version: int = 0, value: np.ndarray | None = None, count: int = 0,
@@ -328,214 +310,20 @@ class Server:
             P.put_shape(r, value.shape)
         self.send(r.view(np.uint8), src)
 
-    def _reply_error(self, src: int, message: str) -> None:
-        text = P.to_json_bytes(message)
-        r = self._reply
-        r[:] = 0
-        r[P.STATUS] = 1
-        r[P.MSGLEN] = text.nbytes
-        self.send(r.view(np.uint8), src)
-        self.send(text, src)
-
-    # -- handlers -------------------------------------------------------------------------------
-    def _var(self, var_id: int) -> _Var:
-        var = self.vars.get(var_id)
-        if var is None:
-            raise OpError(f"no variable with id {var_id} exists on this parameter server")
-        return var  # type: ignore[return-value]
-
-    def _create(self, src: int, h: np.ndarray, pay: Any) -> None:
-        vid = int(h[P.ID])
-        meta = P.from_json_bytes(pay.next_bytes())
-        old = self.vars.get(vid)
-        if old is not None:
-            raise OpError(
-                f"variable id {vid} already exists ({old.describe()}, created by rank "
-                f"{old.creator}); only one client (the chief, or worker 0) creates each "
-                "variable, the others declare it"
-            )
-        dtype = P.dtype_of(int(h[P.DTYPE]))
-        value = np.empty(tuple(int(x) for x in meta["shape"]), dtype)
-        if value.nbytes != int(h[P.NBYTES]):
-            raise OpError("the value size does not match its shape")
-        pay.into(P.as_bytes(value))
-        self.vars[vid] = _Var(value, str(meta["name"]), src)
-        self.host.forget(vid)
-        self._reply_ok(src)
-
-    def _declare(self, src: int, h: np.ndarray, pay: Any) -> None:
-        var = self._var(int(h[P.ID]))
-        meta = P.from_json_bytes(pay.next_bytes())
-        mine = (str(meta["name"]), tuple(int(x) for x in meta["shape"]), P.dtype_of(h[P.DTYPE]))
-        theirs = (var.name, var.value.shape, var.value.dtype)
-        if mine != theirs:
-            raise OpError(
-                f"variable id {int(h[P.ID])} mismatch: client rank {src} declares name "
-                f"{mine[0]!r}, shape {mine[1]}, dtype {mine[2]}, but the initializer (rank "
-                f"{var.creator}) created {var.describe()}. Every client must create the same "
-                "variables in the same order"
-            )
-        self._reply_ok(src, var.version)
-
-    def _pull(self, src: int, h: np.ndarray, pay: Any) -> None:
-        n = int(h[P.COUNT])
-        if n == 1:
-            table = [(int(h[P.ID]), int(h[P.DTYPE]), int(h[P.NBYTES]))]
-        else:
-            table = pay.next_bytes().view(np.int64).reshape(3, n).T.tolist()
-        chosen = []
-        for vid, code, nbytes in table:
-            var = self._var(int(vid))
-            want = P.dtype_of(int(code))
-            if not (want == var.value.dtype and int(nbytes) == var.value.nbytes):
-                raise OpError(
-                    f"pull of variable {int(vid)} ({var.describe()}) into a {want} buffer of "
-                    f"{int(nbytes)} bytes; pass an output of the variable's shape and dtype"
-                )
-            chosen.append(var)
-        if n == 1:
-            shape = P.get_shape(h)
-            if shape is not None and shape != chosen[0].value.shape:
-                raise OpError(
-                    f"pull of variable {int(h[P.ID])} ({chosen[0].describe()}) into an output of "
-                    f"shape {shape}"
-                )
-        self._reply_ok(src, chosen[0].version, count=n)
-        if n != 1:
-            self.send(np.array([v.version for v in chosen], np.int64).view(np.uint8), src)
-        for var in chosen:
-            self.send(P.as_bytes(var.value), src)
-        self.counts["pulls"] += n
-
-    def _incoming(self, h: np.ndarray, pay: Any, var: _Var, direct: bool) -> np.ndarray:
-        """The value of an update/apply payload, shaped like ``var`` (received in place if
-        ``direct`` and the dtype matches)."""
-        dtype = P.dtype_of(int(h[P.DTYPE]))
-        nbytes = int(h[P.NBYTES])
-        shape = P.get_shape(h)
-        size = var.value.size
-        if not (nbytes == size * dtype.itemsize and (shape is None or shape == var.value.shape)):
-            raise OpError(
-                f"a value of shape {shape} and dtype {dtype} ({nbytes} bytes) for "
-                f"{var.describe()}; the shapes must match"
-            )
-        if direct and dtype == var.value.dtype:
-            pay.into(P.as_bytes(var.value))
-            return var.value
-        val = self.scratch(nbytes).view(dtype).reshape(var.value.shape)
-        pay.into(P.as_bytes(val))
-        return val
-
-    def _update(self, src: int, h: np.ndarray, pay: Any) -> None:
-        var = self._var(int(h[P.ID]))
-        mode = int(h[P.A])
-        if mode not in P.UPDATE_OPS.values():
-            raise OpError(f"unknown update mode {mode}")
-        val = self._incoming(h, pay, var, direct=mode == P.UPDATE_OPS["assign"])
-        if mode == P.UPDATE_OPS["assign"]:
-            if val is not var.value:
-                np.copyto(var.value, val, casting="same_kind")
-        elif mode == P.UPDATE_OPS["add"]:
-            np.add(var.value, val, out=var.value, casting="same_kind")
-        else:
-            np.subtract(var.value, val, out=var.value, casting="same_kind")
-        var.version += 1
-        self.counts["updates"] += 1
-
-    def _add_fetch(self, src: int, h: np.ndarray, pay: Any) -> None:
-        var = self._var(int(h[P.ID]))
-        val = self._incoming(h, pay, var, direct=False)
-        np.add(var.value, val, out=var.value, casting="same_kind")
-        var.version += 1
-        self.counts["updates"] += 1
-        self._reply_ok(src, var.version, value=var.value)
-        self.send(P.as_bytes(var.value), src)
-
-    def _register(self, src: int, h: np.ndarray, pay: Any) -> None:
-        meta = P.from_json_bytes(pay.next_bytes())
-        self.host.register(int(h[P.ID]), str(meta["class_name"]), meta["config"])
-        self._reply_ok(src)
-
-    def _apply(self, src: int, h: np.ndarray, pay: Any) -> None:
-        opt_id, n, lr = int(h[P.ID]), int(h[P.COUNT]), P.word_float(int(h[P.A]))
-        ids, versions, codes, sizes = pay.next_bytes().view(np.int64).reshape(4, n)
-        problems = []
-        try:
-            self.host.optimizer(opt_id)
-        except P.PSError as e:
-            raise OpError(str(e)) from None
-        for vid, version, code, nbytes in zip(ids, versions, codes, sizes, strict=True):
-            var = self.vars[int(vid)]
-            buf = self.scratch(int(nbytes))
-            pay.into(buf)  # always consumed, so that the next gradient lines up
-            try:
-                dtype = P.dtype_of(int(code))
-                if int(nbytes) != var.value.size * dtype.itemsize:
-                    raise OpError(
-                        f"a gradient of {int(nbytes)} bytes ({dtype}) for {var.describe()}"
-                    )
-                self.staleness.record(var.version - int(version))
-                self.host.apply_dense(opt_id, int(vid), var.value, buf.view(dtype), lr, var.name)
-            except (OpError, P.PSError, TypeError, ValueError) as e:
-                problems.append(f"variable {int(vid)}: {e}")
-                continue
-            var.version += 1
-            self.counts["updates"] += 1
-            self.counts["applies"] += 1
-        if problems:
-            raise OpError("; ".join(problems))
-
-    def _gather(self, src: int, h: np.ndarray, pay: Any) -> None:
-        var = self._var(int(h[P.ID]))
-        rows = pay.next_bytes().view(np.int64)
-        table = var.value
-        if table.ndim == 0:
-            raise OpError(f"gather needs a variable with rows; {var.describe()}")
-        dtype = P.dtype_of(int(h[P.DTYPE]))
-        out_shape = (rows.size, *table.shape[1:])
-        nbytes = int(np.prod(out_shape, dtype=np.int64)) * table.dtype.itemsize
-        if not (dtype == table.dtype and int(h[P.NBYTES]) == nbytes):
-            raise OpError(
-                f"gather of {rows.size} rows of {var.describe()} into a {dtype} buffer of "
-                f"{int(h[P.NBYTES])} bytes; expected {table.dtype}, shape {out_shape}"
-            )
-        if rows.size:
-            lo, hi = int(rows.min()), int(rows.max())
-            if not (lo >= 0 and hi < table.shape[0]):
-                raise OpError(
-                    f"gather rows must lie in [0, {table.shape[0]}) for {var.describe()}; got rows "
-                    f"from {lo} to {hi}"
-                )
-        out = self.scratch(nbytes).view(table.dtype).reshape(out_shape)
-        np.take(table, rows, axis=0, out=out)
-        self._reply_ok(src, var.version)
-        self.send(P.as_bytes(out), src)
-
-    def _apply_sparse(self, src: int, h: np.ndarray, pay: Any) -> None:
-        var = self._var(int(h[P.ID]))
-        rows = pay.next_bytes().view(np.int64)
-        dtype = P.dtype_of(int(h[P.DTYPE]))
-        nbytes = int(h[P.NBYTES])
-        if nbytes % dtype.itemsize:
-            raise OpError(f"{nbytes} bytes of {dtype} values")
-        values = self.scratch(nbytes).view(dtype)
-        pay.into(values.view(np.uint8))
-        self.staleness.record(var.version - int(h[P.C]))
-        lr = P.word_float(int(h[P.B]))
-        self.host.apply_sparse(int(h[P.A]), int(h[P.ID]), var.value, rows, values, lr, var.name)
-        var.version += 1
-        self.counts["updates"] += 1
-        self.counts["applies"] += 1
-
-    def _stats(self, src: int, h: np.ndarray, pay: Any) -> None:
-        text = P.to_json_bytes(self.stats())
+    def _reply_json(self, src: int, obj: Any) -> None:
+        """A success reply whose data is ``obj`` as JSON (NBYTES says how long)."""
+        text = P.to_json_bytes(obj)
         self._reply_ok(src, nbytes=text.nbytes)
         self.send(text, src)
 
-    def _done(self, src: int, h: np.ndarray, pay: Any) -> None:
-        self._finish(src)
-        self._reply_ok(src)
-        self._maybe_force()
+    def _reply_error(self, src: int, message: str, status: int = P.STATUS_ERROR) -> None:
+        text = P.to_json_bytes(message)
+        r = self._reply
+        r[:] = 0
+        r[P.STATUS] = status
+        r[P.MSGLEN] = text.nbytes
+        self.send(r.view(np.uint8), src)
+        self.send(text, src)
 
     def stats(self) -> dict[str, Any]:
         """Counts so far: updates (version increments), applies (optimizer steps), pulls
@@ -565,4 +353,4 @@ def serve(comm: Any, clients: Sequence[int]) -> dict[str, Any]:
     return Server(comm, clients).run()
 
 
-__all__ = ["BUCKETS", "Server", "StalenessStats", "serve"]
+__all__ = ["BUCKETS", "ClientFailed", "OpError", "Server", "StalenessStats", "serve"]
