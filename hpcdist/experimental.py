@@ -6,13 +6,14 @@ Example:
     1048576
 """
 
+from hpcdist.checkpoint.preemption import PreemptionCheckpointHandler, TerminationConfig
 from hpcdist.collectives.options import (
     CollectiveCommunication,
     CommunicationImplementation,
     CommunicationOptions,
+    get_default_timeout,
+    set_default_timeout,
 )
-from hpcdist.checkpoint.preemption import PreemptionCheckpointHandler, TerminationConfig
-from hpcdist.collectives.options import get_default_timeout, set_default_timeout
 from hpcdist.distribute import coordinator, partitioners
 from hpcdist.distribute.central_storage import CentralStorageStrategy
 from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy

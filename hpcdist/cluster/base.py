@@ -69,7 +69,7 @@ def assign_jobs(
         if not isinstance(name, str) or not name:
             raise error(f"jobs has the job name {short(name)}; expected a non-empty string")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise error(f"jobs[{name!r}] is {short(count)}; expected a number of tasks >= 0")
+            raise error(f"jobs[{short(name)}] is {short(count)}; expected a number of tasks >= 0")
     asked = sum(jobs.values())
     if asked != size:
         raise error(
@@ -79,6 +79,11 @@ def assign_jobs(
     check_int_arg("port_base", port_base, 1, error)
     per_host = Counter(task_hosts)
     most = max(per_host.values(), default=1)
+    if most > MAX_PORT:
+        raise error(
+            f"{source} puts {most} tasks on one host, more than the {MAX_PORT} TCP ports a "
+            f"host has, so the tasks cannot all get an address; spread them over more hosts"
+        )
     if port_base + most - 1 > MAX_PORT:
         raise error(
             f"port_base={short(port_base)} with up to {most} tasks on one host needs ports "
@@ -301,8 +306,8 @@ class UnionResolver(ClusterResolver):
                 clash = sorted(set(new) & set(into))  # type: ignore[arg-type]
                 if clash:
                     raise DuplicateTaskError(
-                        f"UnionResolver: job {job!r} has task indices {clash} in more than one "
-                        f"resolver; give each task index once"
+                        f"UnionResolver: job {short(job)} has task indices {short(clash, 200)} "
+                        f"in more than one resolver; give each task index once"
                     )
                 into.update(new)  # type: ignore[union-attr]
         return ClusterSpec(merged)

@@ -66,8 +66,8 @@ def validate_task(cluster_spec: ClusterLike, task_type: str | None, task_id: int
     unknown_jobs = [job for job in spec.jobs if job not in TASK_TYPES]
     if unknown_jobs:
         raise ClusterConfigError(
-            f"cluster has jobs {unknown_jobs} that a multi-worker cluster does not allow; "
-            f"allowed jobs are {list(TASK_TYPES)}; rename or remove them"
+            f"cluster has jobs {short(unknown_jobs, 200)} that a multi-worker cluster does not "
+            f"allow; allowed jobs are {list(TASK_TYPES)}; rename or remove them"
         )
     for job in (CHIEF, EVALUATOR):
         if job in spec.jobs and spec.num_tasks(job) > 1:
@@ -78,7 +78,7 @@ def validate_task(cluster_spec: ClusterLike, task_type: str | None, task_id: int
     if task_type is None:
         if spec:
             raise ClusterConfigError(
-                f"task_type is None but the cluster has jobs {spec.jobs}; "
+                f"task_type is None but the cluster has jobs {short(spec.jobs, 200)}; "
                 f"give the task type and id of this task (one of {list(TASK_TYPES)})"
             )
         return
@@ -95,12 +95,13 @@ def validate_task(cluster_spec: ClusterLike, task_type: str | None, task_id: int
         if task_type == EVALUATOR:
             return  # an evaluator may run outside the training cluster
         raise ClusterConfigError(
-            f"task_type {task_type!r} is not a job of the cluster; the jobs are {spec.jobs}"
+            f"task_type {short(task_type)} is not a job of the cluster; the jobs are "
+            f"{short(spec.jobs, 200)}"
         )
     if task_id not in spec.task_indices(task_type):
         raise ClusterConfigError(
-            f"task_id {short(task_id)} is not a task of job {task_type!r}; "
-            f"its task ids are {spec.task_indices(task_type)}"
+            f"task_id {short(task_id)} is not a task of job {short(task_type)}; "
+            f"its task ids are {short(spec.task_indices(task_type), 200)}"
         )
 
 

@@ -118,8 +118,9 @@ def _user_counts(tasks_per_node: object, hosts: list[str] | None) -> tuple[list[
         unknown = [h for h in tasks_per_node if h not in set(hosts)]
         if missing or unknown:
             raise SlurmConfigError(
-                f"tasks_per_node does not match the node list {hosts}: missing hosts "
-                f"{missing}, hosts not in the step {unknown}; give a count for each node"
+                f"tasks_per_node does not match the node list {short(hosts, 200)}: missing "
+                f"hosts {short(missing, 200)}, hosts not in the step {short(unknown, 200)}; "
+                f"give a count for each node"
             )
         return hosts, [tasks_per_node[h] for h in hosts]
     if isinstance(tasks_per_node, bool) or not isinstance(tasks_per_node, int):
@@ -146,8 +147,10 @@ def _distribution(environ: Mapping[str, str]) -> tuple[str, int]:
         return "cyclic", 0
     if kind == "plane" or kind.startswith("plane="):
         size_text = kind[len("plane=") :] if "=" in kind else None
-        name = "SLURM_DISTRIBUTION" if size_text is not None else "SLURM_DIST_PLANESIZE"
-        if size_text is None:
+        name = "SLURM_DIST_PLANESIZE"
+        if size_text is not None:
+            name = f"the plane size of SLURM_DISTRIBUTION={short(raw)}"
+        else:
             size_text = environ.get(name)
             if size_text is None:
                 raise SlurmConfigError(
@@ -232,15 +235,16 @@ def _het_slots(
         var = _first(environ, names)
         if var is None:
             raise SlurmConfigError(
-                f"{found[0]}={found[1]} but {names[0]} is not set; a heterogeneous job needs "
-                f"each component's node list to order its ranks"
+                f"{found[0]}={short(found[1])} but {names[0]} is not set; a heterogeneous job "
+                f"needs each component's node list to order its ranks"
             )
         group = [(h, remaining.pop(h)) for h in _hostlist(*var) if h in remaining]
         groups.append(group)
     if remaining:
         raise SlurmConfigError(
-            f"hosts {sorted(remaining)} of {step_var} belong to no component of the "
-            f"heterogeneous job ({found[0]}={found[1]}); the SLURM_JOB_NODELIST_HET_GROUP_<k> "
+            f"hosts {short(sorted(remaining), 200)} of {step_var} belong to no component of "
+            f"the heterogeneous job ({found[0]}={short(found[1])}); the "
+            f"SLURM_JOB_NODELIST_HET_GROUP_<k> "
             f"variables do not match the step"
         )
     return groups

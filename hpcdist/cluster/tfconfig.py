@@ -67,7 +67,7 @@ class TFConfig:
 
 def _key(*path: object) -> str:
     """``TF_CONFIG['cluster']['worker'][1]`` for the path ``("cluster", "worker", 1)``."""
-    return TF_CONFIG + "".join(f"[{p!r}]" for p in path)
+    return TF_CONFIG + "".join(f"[{short(p)}]" for p in path)
 
 
 def _json_type(value: object) -> str:
@@ -91,7 +91,7 @@ def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     for name, value in pairs:
         if name in out:
             raise TFConfigError(
-                f"TF_CONFIG has the key {name!r} twice in one JSON object; "
+                f"TF_CONFIG has the key {short(name)} twice in one JSON object; "
                 f"expected each key once; remove the duplicate"
             )
         out[name] = value
@@ -235,7 +235,8 @@ def _parse_task(value: object) -> tuple[str | None, int | None]:
         )
     if index is None:
         raise TFConfigError(
-            f"{_key('task')} has the type {task_type!r} but no index; expected an index such as 0"
+            f"{_key('task')} has the type {short(task_type)} but no index; expected an index "
+            f"such as 0"
         )
     return task_type, _parse_index(index, _key("task", "index"))
 
@@ -280,13 +281,14 @@ def _check_task(
         if task_type == EVALUATOR:
             return
         raise TFConfigError(
-            f"{type_where} is {task_type!r}, which is not a job of {_key('cluster')}; "
-            f"the jobs are {cluster.jobs}; add the job to the cluster or fix the task type"
+            f"{type_where} is {short(task_type)}, which is not a job of {_key('cluster')}; "
+            f"the jobs are {short(cluster.jobs, 200)}; add the job to the cluster or fix the "
+            f"task type"
         )
     if task_id is not None and task_id not in cluster.task_indices(task_type):
         raise TFConfigError(
-            f"{id_where} is {short(task_id)}, which is not a task of job {task_type!r}; "
-            f"its task indices are {cluster.task_indices(task_type)}"
+            f"{id_where} is {short(task_id)}, which is not a task of job {short(task_type)}; "
+            f"its task indices are {short(cluster.task_indices(task_type), 200)}"
         )
     if not roles or task_id is None or any(job not in TASK_TYPES for job in cluster.jobs):
         return  # not a multi-worker cluster: TF's resolver accepts it as it is
@@ -365,7 +367,7 @@ class TFConfigClusterResolver(ClusterResolver):
         config = self._config()
         if task_type is not None and not task_type.strip():
             raise TFConfigError(
-                f"the task_type argument is {task_type!r}; expected a job of the cluster"
+                f"the task_type argument is {short(task_type)}; expected a job of the cluster"
             )
         if config.cluster:  # without a cluster, the overrides have nothing to agree with
             _check_task(
@@ -406,7 +408,9 @@ class TFConfigClusterResolver(ClusterResolver):
         if config.session_master is not None:
             return config.session_master
         cluster = config.cluster
-        if not cluster or (len(cluster.jobs) == 1 and len(cluster.job_tasks(cluster.jobs[0])) == 1):
+        # TF: no master for a cluster of one job whose job_tasks() list has one entry, that
+        # is whose only task is task 0 (without building that list for a sparse job).
+        if not cluster or (len(cluster.jobs) == 1 and cluster.task_indices(cluster.jobs[0]) == [0]):
             return ""
         task_type = self.task_type if task_type is None else task_type
         task_id = self.task_id if task_id is None else task_id

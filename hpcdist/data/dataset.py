@@ -50,6 +50,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -200,6 +201,11 @@ class Dataset:
             raise TypeError(
                 "The dataset length is unknown (it filters, reads files or a generator); "
                 "iterate it to count, or use cardinality()"
+            )
+        if n > sys.maxsize:  # len() must fit a C ssize_t; Python would raise OverflowError
+            raise TypeError(
+                f"The dataset has {n} elements, more than len() can return ({sys.maxsize}); "
+                "use cardinality()"
             )
         return n
 

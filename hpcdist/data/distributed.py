@@ -98,6 +98,7 @@ from hpcdist.data.input_context import (
 )
 from hpcdist.data.options import AutoShardPolicy
 from hpcdist.data.rebatch import (
+    MAX_REPLICAS,
     batch_dim,
     empty_from_spec,
     empty_like_batch,
@@ -169,6 +170,11 @@ def _layout(
     if num_replicas_per_worker is None:
         num_replicas_per_worker = 1 if devices is None else len(devices)
     r = _int("num_replicas_per_worker", num_replicas_per_worker, 1)
+    if w_count * r > MAX_REPLICAS:
+        raise ValueError(
+            f"num_workers * num_replicas_per_worker is {w_count} * {r} replicas, more than "
+            f"{MAX_REPLICAS:,}; check the arguments for a typo"
+        )
     if devices is None:
         pairs = (("CPU", 0),) * r
     else:

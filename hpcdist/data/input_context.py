@@ -22,15 +22,34 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 
 def check_count(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int >= ``minimum`` (NumPy integers accepted, bools refused)."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = operator.index(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    """``value`` as an int >= ``minimum`` (NumPy integers accepted, bools refused).
+
+    Example: ``check_count("num_replicas_in_sync", np.int32(4), 1) == 4``.
+    """
+    number = None
+    if not isinstance(value, (bool, np.bool_)) and hasattr(value, "__index__"):
+        try:
+            number = operator.index(value)
+        except TypeError:  # a NumPy array of more than one element has __index__ too
+            number = None
+    if number is None:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {_short(value)}")
+    if number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {_short(number)}")
+    return number
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to about 80 characters for a message; never raises."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - an int too long to print, a broken __repr__
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= 80 else f"{text[:75]}...{text[-2:]}"
 
 
 class InputContext:

@@ -37,6 +37,9 @@ import numpy as np
 from hpcdist.data.input_context import check_count
 from hpcdist.distribute import nest
 
+#: The most replicas (``num_workers * num_replicas_per_worker``) a global batch is split over.
+MAX_REPLICAS = 10_000_000
+
 
 def batch_sizes_for_worker(
     global_batch_size: int, num_workers: int, num_replicas_per_worker: int, worker_index: int
@@ -64,6 +67,11 @@ def batch_sizes_for_worker(
         raise ValueError(
             f"worker_index is {w} but there are {w_count} workers; expected "
             f"0 <= worker_index < {w_count}"
+        )
+    if w_count * r > MAX_REPLICAS:
+        raise ValueError(
+            f"num_workers * num_replicas_per_worker is {w_count} * {r} = {w_count * r} "
+            f"replicas, more than {MAX_REPLICAS:,}; check the arguments for a typo"
         )
     return _sizes(g, w_count, r, w)
 
@@ -139,8 +147,13 @@ def split_batch(element: Any, sizes: Sequence[int]) -> list[Any]:
         ([0, 10], [2])
     """
     b = batch_dim(element)
+    sizes = [check_count("a sub-batch size", s, 0) for s in sizes]
     if sum(sizes) != b:
-        raise ValueError(f"sub-batch sizes {list(sizes)} do not add up to the batch size {b}")
+        shown = sizes if len(sizes) <= 20 else [*sizes[:20], "..."]
+        raise ValueError(
+            f"sub-batch sizes {shown} (sum {sum(sizes)}) do not add up to the batch size {b}; "
+            f"give sizes that add up to {b}"
+        )
     return _slices(element, 0, sizes)
 
 

@@ -142,11 +142,14 @@ class RangeDataset(_IndexedSource):
                 f"range takes 1 to 3 arguments (stop | start, stop | start, stop, step); "
                 f"got {len(args)}"
             )
-        values = [_check_int(a, "range", "argument", -(2**63), "an integer") for a in args]
+        values = [
+            _check_int(a, "range", "argument", -(2**63), "an integer (an int64)") for a in args
+        ]
         if len(values) == 3 and values[2] == 0:
             raise ValueError("range: step is 0; expected a non-zero step")
         self._range = range(*values)
-        self.output_type = np.dtype(output_type)
+        self.output_type = _range_dtype(output_type)
+        _check_range_fits(self._range, self.output_type)
 
     def _num_rows(self) -> int:
         return len(self._range)
@@ -166,6 +169,42 @@ class RangeDataset(_IndexedSource):
     def _describe(self) -> str:
         r = self._range
         return f"{r.start}, {r.stop}, {r.step}"
+
+
+def _range_dtype(output_type: Any) -> np.dtype:
+    """The dtype of ``range``'s elements: an integer or floating-point type."""
+    try:
+        dtype = None if output_type is None else np.dtype(output_type)
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.kind not in "iuf":
+        raise TypeError(
+            f"range: output_type is {output_type!r}; expected an integer or floating-point "
+            f"dtype such as np.int64 (the default) or np.float32"
+        )
+    return dtype
+
+
+def _check_range_fits(r: range, dtype: np.dtype) -> None:
+    """Refuse a range whose values the dtype cannot hold, or with too many values to count."""
+    if not r:
+        return
+    try:
+        len(r)
+    except OverflowError:
+        raise ValueError(
+            f"range: range({r.start}, {r.stop}, {r.step}) has more than 2**63 - 1 elements; "
+            f"expected fewer (a dataset counts its elements in an int64)"
+        ) from None
+    info = np.iinfo(dtype) if dtype.kind in "iu" else np.finfo(dtype)
+    cast = int if dtype.kind in "iu" else float  # Python numbers: exact comparisons
+    smallest, largest = cast(info.min), cast(info.max)
+    low, high = min(r[0], r[-1]), max(r[0], r[-1])
+    if low < smallest or high > largest:  # integers would wrap around, floats become inf
+        raise ValueError(
+            f"range: the values run from {low} to {high}, outside {dtype.name}'s "
+            f"{smallest} .. {largest}; choose a wider output_type or smaller bounds"
+        )
 
 
 class GeneratorDataset(Dataset):

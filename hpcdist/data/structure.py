@@ -227,12 +227,40 @@ def _example_element(spec: Any, fill: int) -> Any:
 # ------------------------------------------------------------------------------- small helpers
 
 
-def _check_int(value: Any, what: str, name: str, minimum: int, hint: str) -> int:
+#: The largest count, size or seed a dataset takes: tf.data's arguments are int64 scalars.
+INT64_MAX = 2**63 - 1
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for error messages; never raises."""
+    try:
+        text = repr(value)
+    except Exception:  # an int too long to print, a broken __repr__
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
+
+
+def _check_int(
+    value: Any, what: str, name: str, minimum: int, hint: str, maximum: int = INT64_MAX
+) -> int:
+    """``value`` as an int in ``minimum .. maximum``: an int or NumPy integer, never a bool.
+
+    ``TypeError`` for another type, ``ValueError`` out of range; both name the
+    argument. Example: ``_check_int(np.int32(4), "batch", "batch_size", 1, "...") == 4``.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what}: {name} is {value!r}; expected an integer {hint}")
-    if int(value) < minimum:
-        raise ValueError(f"{what}: {name} is {int(value)}; expected {hint}")
-    return int(value)
+        raise TypeError(
+            f"{what}: {name} is {_short(value)} ({type(value).__name__}); expected {hint}"
+        )
+    number = int(value)
+    if number < minimum:
+        raise ValueError(f"{what}: {name} is {_short(number)}; expected {hint}")
+    if number > maximum:
+        raise ValueError(
+            f"{what}: {name} is {_short(number)}, larger than {maximum} (2**63 - 1: tf.data "
+            f"takes int64 values); expected {hint}"
+        )
+    return number
 
 
 def _check_seed(seed: Any, what: str) -> int | None:

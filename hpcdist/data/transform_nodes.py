@@ -49,6 +49,9 @@ from hpcdist.data.structure import (
 
 log = logging.getLogger("hpcdist.data")
 
+#: The most threads one ``map`` runs (``num_parallel_calls`` above it uses this many).
+MAX_MAP_THREADS = 256
+
 
 # ------------------------------------------------------------------------------- transformations
 
@@ -280,9 +283,11 @@ class MapDataset(Dataset):
         self.deterministic = deterministic
 
     def _threads(self) -> int:
+        """Threads of the pool: ``num_parallel_calls`` (cores for AUTOTUNE), at most
+        :data:`MAX_MAP_THREADS`; at most ``2 *`` that many elements are in flight."""
         if self.num_parallel_calls == AUTOTUNE:
-            return os.cpu_count() or 1
-        return int(self.num_parallel_calls or 1)
+            return min(os.cpu_count() or 1, MAX_MAP_THREADS)
+        return min(int(self.num_parallel_calls or 1), MAX_MAP_THREADS)
 
     def _iter(self) -> Iterator[Any]:
         fn, threads = self.map_func, self._threads()
