@@ -26,6 +26,16 @@ options), so a mismatch costs nothing until it happens; across nodes a tiny
 passed different calls all raise :class:`~hpcdist.errors.CollectiveMismatchError`
 naming which ranks passed what — not a hang, not corrupted data.
 
+Checked mode: with a timeout in effect (from the call, the engine's options,
+:func:`~hpcdist.collectives.options.set_default_timeout` or
+``HPCDIST_TIMEOUT_SECONDS``) the compared digest also covers the call's
+sequence number on the communicator, so a rank that skipped or added a
+collective is caught too; each rank records its progress on an
+:class:`~hpcdist.collectives.arrivals.ArrivalBoard`, waits sleep instead of
+spinning, a long wait warns (:class:`~hpcdist.errors.CollectiveStallWarning`)
+and the timeout error names the ranks that have not arrived. Without a
+timeout nothing of this runs.
+
 Example:
     >>> import numpy as np
     >>> from hpcdist.runtime import mpi
@@ -47,6 +57,7 @@ import numpy as np
 
 from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
 from hpcdist.collectives import choice
+from hpcdist.collectives.arrivals import ArrivalBoard, Watch
 from hpcdist.collectives.fusion import (
     BufferPool,
     Layout,
@@ -61,7 +72,12 @@ from hpcdist.collectives.mpi_backend import Call, PendingCollective, Plan, drive
 from hpcdist.collectives.mpi_reduce import reduce_calls
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.collectives.options import CommunicationImplementation as CI
-from hpcdist.collectives.options import CommunicationOptions
+from hpcdist.collectives.options import (
+    CommunicationOptions,
+    get_default_timeout,
+    stall_warning_seconds,
+)
+from hpcdist.collectives.options import _Default as _DefaultTimeout
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
 from hpcdist.collectives.shm_backend import (
     Mismatch,
@@ -72,7 +88,11 @@ from hpcdist.collectives.shm_backend import (
     reduce_scatter_plan,
     run_node_plan,
 )
-from hpcdist.errors import CollectiveMismatchError, CollectiveTimeoutError
+from hpcdist.errors import (
+    CollectiveMismatchError,
+    CollectiveStallWarning,
+    CollectiveTimeoutError,
+)
 from hpcdist.kernels import pack_pieces
 
 log = logging.getLogger("hpcdist")
@@ -80,6 +100,8 @@ log = logging.getLogger("hpcdist")
 ALIGN = 16  # byte alignment of each tensor in a broadcast buffer
 LAYOUT_CACHE_SIZE = 1024
 WHAT_CHARS = 300  # characters of a call's description in a timeout error
+_MASK63 = (1 << 63) - 1
+_MIX = 0x9E3779B97F4A7C15  # spreads sequence numbers over the digest bits
 _FALLBACK_WARNED: set[CI] = set()
 _OPS = {op.name: op for op in ReduceOp} | {op.name.lower(): op for op in ReduceOp}
 
@@ -91,6 +113,14 @@ class _Simple(NamedTuple):
     digest: int
     offsets: tuple[int, ...] = ()  # broadcast: byte offset of each tensor
     total: int = 0  # broadcast: bytes in all
+
+
+class _Sig(NamedTuple):
+    """What the ranks compare for one checked call: digest and text with its sequence number."""
+
+    digest: int
+    text: str
+    watch: Watch
 
 
 class _Topology(NamedTuple):
@@ -182,6 +212,9 @@ class Collectives:
     values. With a timeout (``options.timeout_seconds``) the engine waits
     with deadlines and raises :class:`~hpcdist.errors.CollectiveTimeoutError`;
     MPI cannot cancel a collective, so the job should be aborted then.
+    With a timeout (also the process default,
+    :func:`~hpcdist.collectives.options.set_default_timeout`) calls are
+    checked: see the module docstring; :meth:`close` frees what that needs.
 
     Use an engine from one thread at a time. A communicator of one rank
     returns copies without any MPI traffic.
@@ -218,6 +251,9 @@ class Collectives:
         self._pool = BufferPool()
         self._pending: PendingCollective | None = None
         self._topology: _Topology | None = None
+        self._generation = -1  # of the process-wide default timeout the cache was built for
+        self._seq = 0  # collectives run on the communicator (both modes)
+        self._board: ArrivalBoard | None = None  # checked mode only
         self._mpi: Any = None
         if self._size > 1:
             from hpcdist.runtime import mpi
@@ -457,16 +493,23 @@ class Collectives:
             return
         text = f"barrier({_mode(opts)})"
         layout = self._simple(("barrier", text), text)
-        self._checked(layout, opts, text, lambda check: self._agree(layout) if check else None)
+        self._checked(layout, opts, text, lambda check: self._agree(check) if check else None)
 
     # -- internals ---------------------------------------------------------
 
     def _merged(self, options: CommunicationOptions | None) -> CommunicationOptions:
+        if self._generation != _DefaultTimeout.generation or _DefaultTimeout.unset:
+            get_default_timeout()  # reads HPCDIST_TIMEOUT_SECONDS on first use
+            self._merged_cache.clear()
+            self._generation = _DefaultTimeout.generation
         if options is None or options.__class__ is CommunicationOptions:
             opts = self._merged_cache.get(options)
             if opts is not None:
                 return opts
         opts = self._options.merge(options)
+        default = _DefaultTimeout.timeout
+        if opts.timeout_seconds is None and default is not None:
+            opts = CommunicationOptions(opts.bytes_per_pack, default, opts.implementation)
         if opts.implementation is CI.NCCL and CI.NCCL not in _FALLBACK_WARNED:
             _FALLBACK_WARNED.add(CI.NCCL)
             log.warning(
@@ -477,13 +520,21 @@ class Collectives:
             self._merged_cache[options] = opts
         return opts
 
-    def _topo(self) -> _Topology:
-        """The node layout of the communicator (collective on the first call)."""
+    def _topo(self, checked: bool = False) -> _Topology:
+        """The node layout of the communicator (collective on the first call).
+
+        The first call also sets up the arrival board when any rank's call
+        is ``checked``."""
         if self._topology is None:
             comm = self._comm
             node, host_ranks = node_comm_of(comm)
             local_rank, local_size = node.Get_rank(), node.Get_size()
-            counts = comm.allgather(local_size if local_rank == 0 else 0)
+            mine = np.array([local_size if local_rank == 0 else 0, int(checked)], np.int64)
+            gathered = np.zeros((self._size, 2), np.int64)
+            comm.Allgather(mine, gathered)
+            counts = gathered[:, 0].tolist()
+            if gathered[:, 1].any():
+                self._make_board()
             nodes = sum(1 for c in counts if c)
             largest = max(counts)
             window = None
@@ -512,8 +563,10 @@ class Collectives:
             except TypeError as err:
                 raise TypeError(f"{operation} (tensor {i}): {err}") from None
         bucket = opts.bytes_per_pack or choice.DEFAULT_BUCKET_BYTES
-        if self._size > 1 and self._topo().window is not None:
-            bucket = min(bucket, self._topo().window.slot_bytes)
+        if self._size > 1:
+            window = self._topo(opts.timeout_seconds is not None).window
+            if window is not None:
+                bucket = min(bucket, window.slot_bytes)
         text = (
             f"{operation}(op={op.name}, {describe_arrays(items)}, {_mode(opts)}, "
             f"bytes_per_pack={opts.bytes_per_pack}, implementation={opts.implementation.name})"
@@ -574,11 +627,17 @@ class Collectives:
         On one node the agreement is a node barrier comparing digests (and
         the plan is told not to check); elsewhere the plan checks over MPI.
         """
-        top = self._topo()
+        top = self._topo(opts.timeout_seconds is not None)
+        sig = self._signature(layout, opts, what)
         if top.nodes == 1 and top.window is not None:
-            plan = check_plan(top.window, layout.digest, layout.text, self._comm, make_plan(False))
-            return self._run_node(top.window, plan, opts, layout.text, what)
-        return self._run(make_plan(True), opts, what)
+            if sig is None:
+                plan = check_plan(
+                    top.window, layout.digest, layout.text, self._comm, make_plan(False)
+                )
+                return self._run_node(top.window, plan, opts, layout.text, what)
+            plan = check_plan(top.window, sig.digest, sig.text, self._comm, make_plan(False))
+            return self._run_node(top.window, plan, opts, sig.text, what, sig)
+        return self._run(make_plan(layout if sig is None else sig), opts, what, sig)
 
     def _run_node(
         self,
@@ -587,20 +646,25 @@ class Collectives:
         opts: CommunicationOptions,
         text: str,
         what: str | None = None,
+        sig: _Sig | None = None,
     ) -> Any:
         self._check_pending(plan)
+        watch = None
+        if sig is not None:
+            plan, watch = self._finishing(plan), sig.watch
         try:
-            return run_node_plan(window, plan, opts.timeout_seconds, what or _clip(text))
+            return run_node_plan(window, plan, opts.timeout_seconds, what or _clip(text), watch)
         except Mismatch:
-            window.resync()
-            drive(self._comm, self._mismatch(text), None, "the mismatch report")
-        except CollectiveTimeoutError as err:
+            pass  # reported below, outside the handler, so the error is not chained to it
+        except (CollectiveTimeoutError, CollectiveStallWarning) as err:
             self._pending = err.request
             raise
+        window.resync()
+        drive(self._comm, self._mismatch(text), None, "the mismatch report")
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _reduce(self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions):
-        top = self._topo()
+        top = self._topo(opts.timeout_seconds is not None)
         impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
         single = top.nodes == 1 and top.window is not None
         text = layout.text
@@ -608,32 +672,41 @@ class Collectives:
             return self._checked(
                 layout, opts, _clip(text), lambda check: self._mpi_plan(items, layout, opts, check)
             )
-        check = None if single else MpiStep(self._comm, self._agree(layout))
+        sig = self._signature(layout, opts, _clip(text))
+        agreed = layout if sig is None else sig
+        check = None if single else MpiStep(self._comm, self._agree(agreed))
         hierarchical = impl is CI.HIERARCHICAL and top.nodes > 1
         plan = allreduce_plan(
-            top.window, layout, items, self._size, top.leaders, hierarchical, check, self._pool
+            top.window, layout, items, self._size, top.leaders, hierarchical, check, self._pool,
+            agreed.digest,
         )
-        return self._run_node(top.window, plan, opts, text)
+        return self._run_node(top.window, plan, opts, agreed.text, _clip(text), sig)
 
     def _reduce_scatter(
         self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, bounds: list[int]
     ) -> np.ndarray:
-        top = self._topo()
+        top = self._topo(opts.timeout_seconds is not None)
         impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
         group = layout.groups[0]
         fits = group.total * group.wire.itemsize <= (top.window.slot_bytes if top.window else 0)
         if impl is CI.SHM and top.nodes == 1 and fits:
-            plan = reduce_scatter_plan(top.window, layout, items[0], bounds, self._size)
-            return self._run_node(top.window, plan, opts, layout.text)
+            sig = self._signature(layout, opts, _clip(layout.text))
+            agreed = layout if sig is None else sig
+            plan = reduce_scatter_plan(
+                top.window, layout, items[0], bounds, self._size, agreed.digest
+            )
+            return self._run_node(
+                top.window, plan, opts, agreed.text, _clip(layout.text), sig
+            )
         full = self._reduce(items, layout, opts)[0]
         lo, hi = bounds[self._rank], bounds[self._rank + 1]
         return full[lo:hi].copy()
 
     def _mpi_plan(
-        self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, check: bool
+        self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, check: Any
     ) -> Plan:
         if check:
-            yield from self._agree(layout)
+            yield from self._agree(check)
         out = []
         for group in layout.groups:
             buf = self._pack_whole(group, items)
@@ -643,13 +716,66 @@ class Collectives:
             out.append(buf)
         return out
 
-    def _run(self, plan: Plan, opts: CommunicationOptions, what: str) -> Any:
+    def _run(
+        self, plan: Plan, opts: CommunicationOptions, what: str, sig: _Sig | None = None
+    ) -> Any:
         self._check_pending(plan)
+        watch = None
+        if sig is not None:
+            plan, watch = self._finishing(plan), sig.watch
         try:
-            return drive(self._comm, plan, opts.timeout_seconds, what)
-        except CollectiveTimeoutError as err:
-            self._pending = err.request
+            return drive(self._comm, plan, opts.timeout_seconds, what, watch)
+        except (CollectiveTimeoutError, CollectiveStallWarning) as err:
+            self._pending = err.request  # (a stall warning raised as an error: -W error)
             raise
+
+    # -- checked mode ------------------------------------------------------
+
+    def _signature(self, layout: Any, opts: CommunicationOptions, what: str) -> _Sig | None:
+        """Count the call; in checked mode also record it on the board and return what
+        the ranks compare (``None`` without a timeout: the layout's digest is enough)."""
+        if self._pending is not None:
+            self._check_pending(None)  # refused calls are not counted
+        self._seq += 1
+        timeout = opts.timeout_seconds
+        if timeout is None:
+            return None
+        seq = self._seq
+        board = self._board
+        if board is not None:
+            board.enter(seq, layout.text)
+        watch = Watch(board, self._rank, seq, what, timeout, stall_warning_seconds(timeout))
+        digest = layout.digest ^ ((seq * _MIX) & _MASK63)
+        return _Sig(digest, f"{layout.text} [collective #{seq}]", watch)
+
+    def _finishing(self, plan: Any) -> Any:
+        """``plan``, then: record on the board that this rank left the call (or set the
+        board up: the first checked call that every rank completed). Runs also when a
+        timed-out call is finished later with ``err.request.Wait()``."""
+        seq = self._seq
+        result = yield from plan
+        if self._board is None:
+            self._make_board()
+        else:
+            self._board.leave(seq)
+        return result
+
+    def _make_board(self) -> None:
+        """Create the arrival board (collective), on real MPI communicators only."""
+        MPI = self._mpi
+        if self._board is None and MPI is not None and isinstance(self._comm, MPI.Intracomm):
+            self._board = ArrivalBoard(self._comm)
+
+    def close(self) -> None:
+        """Free the engine's arrival board, if checked mode made one (collective).
+
+        Every rank calls it at the same point, before freeing the
+        communicator; the engine stays usable (a later checked call sets up a
+        new board). Example: ``c.close(); comm.Free()``.
+        """
+        if self._board is not None:
+            board, self._board = self._board, None
+            board.free()
 
     def _check_pending(self, plan: Any) -> None:
         """Refuse a new collective (closing its ``plan``) while a timed-out one is still
@@ -657,17 +783,20 @@ class Collectives:
         if self._pending is not None:
             if not self._pending.done:
                 error = CollectiveTimeoutError(
-                    f"an earlier collective ({self._pending.what}) timed out and is still "
-                    "pending on this communicator; a new one would be matched against it. "
+                    f"an earlier collective ({self._pending.what}) timed out (or stopped at a "
+                    "stall warning raised as an error) and is still pending on this "
+                    "communicator; a new one would be matched against it. "
                     "Abort the job, or call err.request.Wait() on the earlier error first"
                 )
                 error.request = self._pending
-                plan.close()
+                if plan is not None:
+                    plan.close()
                 raise error
             self._pending = None
 
     def _agree(self, layout: Any) -> Plan:
-        """Check that every rank runs the same call; on every rank raise if not."""
+        """Check that every rank runs the same call (``layout``: a layout or a checked
+        call's :class:`_Sig`, with ``digest`` and ``text``); on every rank raise if not."""
         MPI = self._mpi
         flags = np.array([layout.digest, -layout.digest], dtype=np.int64)
         yield Call(
@@ -680,12 +809,17 @@ class Collectives:
             yield from self._mismatch(layout.text)
 
     def _mismatch(self, text: str) -> Plan:
-        """Gather every rank's signature (error path only) and raise on every rank."""
+        """Gather every rank's signature (error path only) and raise on every rank.
+
+        The ranks also agree on the largest sequence number, so that checked
+        calls match again after a caught mismatch."""
         MPI = self._mpi
         mine = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-        lengths = np.zeros(self._size, dtype=np.int64)
-        yield Call("Allgather", (np.array([mine.size], np.int64), lengths), nonblocking=True)
-        counts = [int(n) for n in lengths]
+        gathered = np.zeros((self._size, 2), dtype=np.int64)
+        sent = np.array([mine.size, self._seq], np.int64)
+        yield Call("Allgather", (sent, gathered), nonblocking=True)
+        self._seq = max(self._seq, int(gathered[:, 1].max()))
+        counts = [int(n) for n in gathered[:, 0]]
         displs = [0, *np.cumsum(counts)[:-1].tolist()]
         everything = np.empty(max(1, sum(counts)), dtype=np.uint8)
         yield Call(
@@ -700,10 +834,10 @@ class Collectives:
         operation = text.split("(", 1)[0]
         raise CollectiveMismatchError(mismatch_message(operation, texts))
 
-    def _allgather_plan(self, moved: np.ndarray, layout: _Simple, check: bool) -> Plan:
+    def _allgather_plan(self, moved: np.ndarray, layout: _Simple, check: Any) -> Plan:
         MPI = self._mpi
         if check:
-            yield from self._agree(layout)
+            yield from self._agree(check)
         rows = np.zeros(self._size, dtype=np.int64)
         yield Call("Allgather", (np.array([moved.shape[0]], np.int64), rows))
         rest = moved.shape[1:]
@@ -723,10 +857,10 @@ class Collectives:
         root: int,
         layout: _Simple,
         opts: CommunicationOptions,
-        check: bool,
+        check: Any,
     ) -> Plan:
         if check:
-            yield from self._agree(layout)
+            yield from self._agree(check)
         buf = _aligned_bytes(layout.total)
         views = [
             buf[o : o + a.nbytes].view(a.dtype).reshape(a.shape)

@@ -27,14 +27,16 @@ Example:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-from hpcdist.errors import CollectiveTimeoutError
+from hpcdist.errors import CollectiveStallWarning, CollectiveTimeoutError
 
 FIRST_SLEEP_S = 50e-6
 LONGEST_SLEEP_S = 10e-3
+YIELDING_TESTS = 32  # tests, yielding the CPU between them, before the first sleep
 
 Plan = Generator["Call", None, Any]
 
@@ -59,13 +61,19 @@ def _start(comm: Any, call: Call) -> Any:
     return getattr(comm, name)(*call.args)
 
 
-def poll(request: Any, deadline: float) -> bool:
+def poll(request: Any, deadline: float, watch: Any = None) -> bool:
     """Test ``request`` until it completes (``True``) or ``deadline`` passes (``False``).
 
-    Sleeps between tests, 50 µs at first, doubling up to 10 ms.
+    Tests a few times first, yielding the CPU in between (:data:`YIELDING_TESTS`),
+    then sleeps between tests, 50 µs at first, doubling up to 10 ms; calls
+    ``watch.tick()`` (a :class:`hpcdist.collectives.arrivals.Watch`) after each sleep.
 
     Example: ``poll(comm.Ibarrier(), time.monotonic() + 5.0)``.
     """
+    for _ in range(YIELDING_TESTS):  # the common case: the others are microseconds away
+        if request.Test():
+            return True
+        os.sched_yield()
     delay = FIRST_SLEEP_S
     while not request.Test():
         left = deadline - time.monotonic()
@@ -73,6 +81,8 @@ def poll(request: Any, deadline: float) -> bool:
             return False
         time.sleep(min(delay, left))
         delay = min(delay * 2, LONGEST_SLEEP_S)
+        if watch is not None:
+            watch.tick()
     return True
 
 
@@ -139,17 +149,35 @@ class PendingCollective:
         return f"PendingCollective({self.what}, done={self.done})"
 
 
-def drive(comm: Any, plan: Plan, timeout: float | None, what: str) -> Any:
+def _poll_watched(
+    comm: Any, plan: Plan, request: Any, deadline: float, watch: Any, what: str
+) -> bool:
+    """:func:`poll`; a stall warning turned into an error (``-W error``) leaves with the
+    pending collective attached as its ``request``, like a timeout."""
+    try:
+        return poll(request, deadline, watch)
+    except CollectiveStallWarning as warning:
+        warning.request = PendingCollective(comm, plan, request, what)
+        raise
+
+
+def drive(comm: Any, plan: Plan, timeout: float | None, what: str, watch: Any = None) -> Any:
     """Run ``plan`` on ``comm`` and return its result.
 
     ``timeout=None`` issues blocking calls (except those marked
     ``nonblocking``); a number issues nonblocking calls and raises
     :class:`CollectiveTimeoutError` when the whole plan is not done within
-    ``timeout`` seconds. ``what`` names the operation in the error.
+    ``timeout`` seconds. ``what`` names the operation in the error. A
+    ``watch`` (:class:`hpcdist.collectives.arrivals.Watch`, checked mode)
+    gives the deadline instead, warns about stalls while waiting and writes
+    the timeout error, naming the ranks that have not arrived.
 
     Example: ``drive(comm, plan, 30.0, "allreduce(SUM) of [float32(10,)]")``.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
+    if watch is not None:
+        deadline = watch.deadline
+    else:
+        deadline = None if timeout is None else time.monotonic() + timeout
     call, value = _next(plan, first=True)
     while call is not None:
         if deadline is None and not call.nonblocking:
@@ -158,15 +186,18 @@ def drive(comm: Any, plan: Plan, timeout: float | None, what: str) -> Any:
             request = _start(comm, call)
             if deadline is None:
                 request.Wait()
-            elif not poll(request, deadline):
-                error = CollectiveTimeoutError(
-                    f"{what} did not complete within {timeout} s on rank {comm.Get_rank()} "
-                    f"(waiting in {call.label or call.name}): some rank has not joined it (it "
-                    "may have hung, crashed or skipped the call). MPI cannot cancel a "
-                    "collective, so this communicator is unusable now: abort the job "
-                    "(comm.Abort()). Only if every rank is known to join eventually, call "
-                    "err.request.Wait() before the next collective"
-                )
+            elif not _poll_watched(comm, plan, request, deadline, watch, what):
+                if watch is not None:
+                    error = watch.timeout_error(f"in {call.label or call.name}")
+                else:
+                    error = CollectiveTimeoutError(
+                        f"{what} did not complete within {timeout} s on rank "
+                        f"{comm.Get_rank()} (waiting in {call.label or call.name}): some rank "
+                        "has not joined it (it may have hung, crashed or skipped the call). "
+                        "MPI cannot cancel a collective, so this communicator is unusable "
+                        "now: abort the job (comm.Abort()). Only if every rank is known to "
+                        "join eventually, call err.request.Wait() before the next collective"
+                    )
                 error.request = PendingCollective(comm, plan, request, what)
                 raise error
         call, value = _next(plan, first=False)

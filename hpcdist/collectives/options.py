@@ -3,7 +3,12 @@
 :class:`CommunicationOptions` follows ``tf.distribute.experimental.CommunicationOptions``:
 ``bytes_per_pack``, ``timeout_seconds`` and ``implementation``. Options given
 to one call are merged over the options of the strategy (or engine): a field
-the call sets to a non-default value wins.
+the call sets to a non-default value wins. When neither sets a timeout, the
+process-wide default applies: :func:`set_default_timeout`, else the
+environment variable ``HPCDIST_TIMEOUT_SECONDS``. With a timeout in effect
+collectives are *checked* (see :mod:`hpcdist.collectives.arrivals`); a wait
+longer than ``HPCDIST_STALL_WARNING_SECONDS`` (default: half the timeout)
+raises a :class:`~hpcdist.errors.CollectiveStallWarning`.
 
 Example:
     >>> base = CommunicationOptions(timeout_seconds=30)
@@ -15,8 +20,18 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+from collections.abc import Mapping
 from numbers import Real
 from typing import Any
+
+from hpcdist.cluster.envparse import short
+
+#: Environment variable: the default collective timeout in seconds (unset, empty, 0: none).
+TIMEOUT_VAR = "HPCDIST_TIMEOUT_SECONDS"
+#: Environment variable: warn after a collective waited this many seconds (0: never).
+STALL_VAR = "HPCDIST_STALL_WARNING_SECONDS"
+_OFF = ("", "0", "none", "off")
 
 
 class CommunicationImplementation(enum.Enum):
@@ -195,3 +210,95 @@ class CommunicationOptions:
 
 
 _DEFAULT = CommunicationOptions()
+
+
+def _seconds_from(name: str, text: str) -> float | None:
+    """``text`` (a variable's value) as seconds > 0, ``None`` for off values, else ValueError."""
+    value = text.strip().lower()
+    if value in _OFF:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"{name} is {short(text)}; expected a number of seconds > 0 "
+            "(or empty, 0 or 'off' for none). Fix or unset the variable"
+        )
+    return seconds
+
+
+def timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
+    """The timeout ``HPCDIST_TIMEOUT_SECONDS`` asks for (``None``: unset, empty, 0 or off).
+
+    Example:
+        >>> timeout_from_env({"HPCDIST_TIMEOUT_SECONDS": "30"})
+        30.0
+        >>> timeout_from_env({}) is None
+        True
+    """
+    environ = os.environ if environ is None else environ
+    return _seconds_from(TIMEOUT_VAR, environ.get(TIMEOUT_VAR, ""))
+
+
+def stall_warning_seconds(
+    timeout: float | None, environ: Mapping[str, str] | None = None
+) -> float | None:
+    """Seconds a checked collective waits before a stall warning (``None``: no warning).
+
+    ``HPCDIST_STALL_WARNING_SECONDS`` when set (0 or ``off``: never warn),
+    else half of ``timeout``.
+
+    Example:
+        >>> stall_warning_seconds(10.0, {})
+        5.0
+        >>> stall_warning_seconds(10.0, {"HPCDIST_STALL_WARNING_SECONDS": "2"})
+        2.0
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(STALL_VAR)
+    if text is None or not text.strip():
+        return None if timeout is None else timeout / 2
+    return _seconds_from(STALL_VAR, text)
+
+
+class _Default:
+    """The process-wide default timeout; ``generation`` changes whenever it does."""
+
+    unset = True  # not set yet: read HPCDIST_TIMEOUT_SECONDS on first use
+    timeout: float | None = None
+    generation = 0
+
+
+def set_default_timeout(seconds: float | None) -> None:
+    """Set the timeout of collectives whose call and strategy set none (``None``: no timeout).
+
+    It overrides ``HPCDIST_TIMEOUT_SECONDS``. Every rank must use the same
+    setting, since checked and unchecked collectives do not match.
+
+    Example:
+        >>> before = get_default_timeout()
+        >>> set_default_timeout(120)
+        >>> get_default_timeout()
+        120
+        >>> set_default_timeout(before)
+    """
+    value = _check_timeout(seconds)
+    _Default.timeout, _Default.unset = value, False
+    _Default.generation += 1
+
+
+def get_default_timeout() -> float | None:
+    """The default collective timeout: :func:`set_default_timeout`'s, else the environment's.
+
+    ``HPCDIST_TIMEOUT_SECONDS`` is read once, on first use.
+
+    Example:
+        >>> get_default_timeout() is None or get_default_timeout() > 0
+        True
+    """
+    if _Default.unset:
+        _Default.timeout, _Default.unset = timeout_from_env(), False
+        _Default.generation += 1
+    return _Default.timeout

@@ -35,12 +35,21 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hpcdist.collectives.fusion import OP_CODES, BufferPool, Layout, addresses
-from hpcdist.collectives.mpi_backend import PendingCollective, Plan, drive
+from hpcdist.collectives.mpi_backend import (
+    FIRST_SLEEP_S,
+    LONGEST_SLEEP_S,
+    PendingCollective,
+    Plan,
+    drive,
+)
 from hpcdist.collectives.mpi_reduce import reduce_calls
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.shm import ALIGN, NodeWindow
-from hpcdist.errors import CollectiveTimeoutError
+from hpcdist.errors import CollectiveStallWarning, CollectiveTimeoutError
 from hpcdist.kernels import pack_pieces, reduce_slots
+
+#: Checked mode: a node barrier spins (yielding the CPU) this long before it sleeps.
+YIELDING_S = 100e-6
 
 #: Buckets up to this many bytes are reduced whole by every rank (one barrier).
 SMALL_BUCKET_BYTES = 64 * 1024
@@ -158,32 +167,75 @@ class _Done:
         return None
 
 
+def _sync_sleeping(window: NodeWindow, digest: int, watch: Any) -> tuple[bool | None, int]:
+    """A node barrier that sleeps while it waits (after :data:`YIELDING_S` of spinning:
+    50 µs doubling to 10 ms between checks), ticking ``watch``; ``(None, seq)`` at its
+    deadline. The checked-mode barrier."""
+    agreed, seq = window.sync(digest, time.monotonic() + YIELDING_S)  # arrive, spin briefly
+    delay = FIRST_SLEEP_S
+    while agreed is None:
+        left = watch.deadline - time.monotonic()
+        if left <= 0:
+            return None, seq
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, LONGEST_SLEEP_S)
+        try:
+            watch.tick()
+        except CollectiveStallWarning as warning:  # raised as an error: -W error
+            warning.at = (seq, digest)
+            raise
+        if window.wait(seq, 0.0):
+            agreed = window.agreed(seq, digest)
+    return agreed, seq
+
+
 def run_node_plan(
-    window: NodeWindow, plan: NodePlan, timeout: float | None, what: str
+    window: NodeWindow, plan: NodePlan, timeout: float | None, what: str, watch: Any = None
 ) -> Any:
     """Run ``plan``: wait at its barriers and run its leaders' steps, within ``timeout`` s.
 
     On a timeout raise :class:`~hpcdist.errors.CollectiveTimeoutError`
     whose ``request`` (:class:`PendingNodeCollective`) can finish the call.
+    With a ``watch`` (:class:`hpcdist.collectives.arrivals.Watch`, checked
+    mode) barriers sleep while they wait, stalls are reported and the
+    error names the ranks that have not arrived.
     Example: ``run_node_plan(w, allreduce_plan(...), None, "allreduce")``.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
+    if watch is not None:
+        deadline: float | None = watch.deadline
+    else:
+        deadline = None if timeout is None else time.monotonic() + timeout
     step, value = _advance(plan)
     while step is not None:
         if isinstance(step, int):
-            sent, seq = window.sync(step, deadline)
+            if watch is None:
+                sent, seq = window.sync(step, deadline)
+            else:
+                try:
+                    sent, seq = _sync_sleeping(window, step, watch)
+                except CollectiveStallWarning as warning:  # raised as an error: -W error
+                    warning.request = PendingNodeCollective(window, plan, warning.at, what)
+                    raise
             if sent is None:
-                error = _timeout_error(
-                    what, timeout, f"at a node barrier, local ranks {window.missing(seq)} late"
-                )
+                where = f"at a node barrier, local ranks {window.missing(seq)} late"
+                if watch is None:
+                    error = _timeout_error(what, timeout, where)
+                else:
+                    error = watch.timeout_error(where)
                 error.request = PendingNodeCollective(window, plan, (seq, step), what)
                 raise error
         else:
             left = None if deadline is None else max(1e-6, deadline - time.monotonic())
             try:
-                sent = drive(step.comm, step.plan, left, what)
+                sent = drive(step.comm, step.plan, left, what, watch)
+            except CollectiveStallWarning as warning:  # raised as an error: -W error
+                warning.request = PendingNodeCollective(window, plan, warning.request, what)
+                raise
             except CollectiveTimeoutError as err:
-                error = _timeout_error(what, timeout, "in an MPI step")
+                if watch is None:
+                    error = _timeout_error(what, timeout, "in an MPI step")
+                else:
+                    error = CollectiveTimeoutError(str(err))
                 error.request = PendingNodeCollective(window, plan, err.request, what)
                 raise error from None
         step, value = _advance(plan, sent)
@@ -214,6 +266,7 @@ def allreduce_plan(
     hierarchical: bool = False,
     first_step: MpiStep | None = None,
     pool: BufferPool | None = None,
+    digest: int | None = None,
 ) -> NodePlan:
     """The node plan reducing ``items`` (C-contiguous host arrays) across the node.
 
@@ -222,7 +275,8 @@ def allreduce_plan(
     Returns one fused wire-dtype buffer per group of ``layout``; ``divisor``
     divides MEAN sums. Raises :class:`Mismatch` on every rank of the node
     when their digests differ. ``first_step`` (the MPI agreement check
-    between nodes) runs before anything else. Example: see the module docstring.
+    between nodes) runs before anything else. ``digest`` (default: the
+    layout's) is what the node barriers compare. Example: see the module docstring.
     """
     if first_step is not None:
         yield first_step
@@ -230,7 +284,7 @@ def allreduce_plan(
     base = addresses(items)
     first = True
     out: list[np.ndarray] = []
-    digest = layout.digest
+    digest = layout.digest if digest is None else digest
     for index, group in enumerate(layout.groups):
         if pool is None:
             fused = np.empty(group.total, group.wire)
@@ -272,12 +326,18 @@ def allreduce_plan(
 
 
 def reduce_scatter_plan(
-    window: NodeWindow, layout: Layout, item: np.ndarray, bounds: Sequence[int], divisor: int
+    window: NodeWindow,
+    layout: Layout,
+    item: np.ndarray,
+    bounds: Sequence[int],
+    divisor: int,
+    digest: int | None = None,
 ) -> NodePlan:
     """This rank's block ``[bounds[me], bounds[me+1])`` (wire elements) of the node's reduction.
 
     The whole tensor goes through one slot (the caller checks that it fits):
-    pack, one barrier, reduce only the own block. Example: see the engine.
+    pack, one barrier (comparing ``digest``, default the layout's), reduce
+    only the own block. Example: see the engine.
     """
     me = window.rank
     group = layout.groups[0]
@@ -288,7 +348,7 @@ def reduce_scatter_plan(
             window.slot_addresses[which][me], addresses([item]), bucket.tensor, bucket.src,
             bucket.nbytes, bucket.dst,
         )
-    agreed = yield layout.digest
+    agreed = yield (layout.digest if digest is None else digest)
     if not agreed:
         raise Mismatch(layout.text)
     lo, hi = bounds[me], bounds[me + 1]

@@ -35,6 +35,7 @@ from hpcdist.cluster.gpus import (
 from hpcdist.errors import ClusterConfigError
 from hpcdist.runtime.mpi import mpi
 
+#: The variable that splits each host into virtual nodes (see "Virtual nodes" above).
 VIRTUAL_NODES_VAR = "HPCDIST_VIRTUAL_NODES"
 
 
