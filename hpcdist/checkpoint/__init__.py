@@ -19,7 +19,6 @@ Example:
     (True, array([1., 1., 1.]))
 """
 
-from hpcdist.checkpoint.atomic import atomic_write
 from hpcdist.checkpoint.checkpoint import Checkpoint, CheckpointLoadStatus, CheckpointMatchError
 from hpcdist.checkpoint.format import CheckpointNotFoundError
 from hpcdist.checkpoint.manager import CheckpointManager, latest_checkpoint
@@ -30,6 +29,7 @@ from hpcdist.checkpoint.preemption import (
     TerminationConfig,
 )
 from hpcdist.errors import CheckpointCorruptError, CheckpointError
+from hpcdist.runtime.atomic import atomic_write
 
 __all__ = [
     "PREEMPTION_EXIT_CODE",

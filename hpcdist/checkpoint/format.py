@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.checkpoint.atomic import atomic_write, fsync_directory, sha256_of
 from hpcdist.errors import CheckpointCorruptError, CheckpointError
+from hpcdist.runtime.atomic import atomic_write, fsync_directory, sha256_of
 
 FORMAT = "hpcdist-checkpoint"
 VERSION = 1

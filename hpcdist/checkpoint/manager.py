@@ -40,10 +40,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from hpcdist.checkpoint.atomic import atomic_write, fsync_directory
 from hpcdist.checkpoint.format import CheckpointNotFoundError, data_file, index_file
 from hpcdist.checkpoint.sync import Group
 from hpcdist.errors import CheckpointCorruptError
+from hpcdist.runtime.atomic import atomic_write, fsync_directory
 
 __all__ = ["CheckpointManager", "latest_checkpoint", "read_state_file", "write_state_file"]
 

@@ -11,7 +11,7 @@ else is in ``__meta__``, UTF-8 JSON in a uint8 array::
      "optimizers": [{"id", "class_name", "config",
                      "states": [{"var", "step", "slots": {slot: key}}]}]}
 
-Writing goes through :func:`hpcdist.checkpoint.atomic.atomic_write` (temporary
+Writing goes through :func:`hpcdist.runtime.atomic.atomic_write` (temporary
 file, flush, fsync, rename, directory fsync); the reply carries the file's
 sha256 and size. Restoring first verifies both against what the chief's
 manifest recorded, then checks every array against the live variables (stage),
@@ -81,7 +81,7 @@ def write_shard(
 
     Example: ``write_shard("/ckpt/ckpt-1.ps-0.npz", 0, server.vars, server.host, [0])``.
     """
-    from hpcdist.checkpoint.atomic import atomic_write
+    from hpcdist.runtime.atomic import atomic_write
 
     missing = [i for i in ids if i not in variables]
     if missing:
@@ -181,7 +181,7 @@ def verify_file(path: str, sha256: str, nbytes: int) -> None:
 
     Example: ``verify_file("/ckpt/ckpt-1.ps-0.npz", manifest_sha, manifest_bytes)``.
     """
-    from hpcdist.checkpoint.atomic import sha256_of
+    from hpcdist.runtime.atomic import sha256_of
 
     if not os.path.isfile(path):
         raise CheckpointCorruptError(

@@ -15,8 +15,8 @@ import pytest
 
 import hpcdist as hd
 from hpcdist.checkpoint import Checkpoint, CheckpointNotFoundError, atomic_write
-from hpcdist.checkpoint import atomic as atomic_module
 from hpcdist.errors import CheckpointCorruptError, CheckpointError
+from hpcdist.runtime import atomic as atomic_module
 
 
 def saved(tmp_path, name="c"):
@@ -57,7 +57,7 @@ def test_a_crash_between_temporary_write_and_rename_leaves_the_old_file(tmp_path
     script = textwrap.dedent(
         f"""
         import os
-        from hpcdist.checkpoint.atomic import atomic_write
+        from hpcdist.runtime.atomic import atomic_write
         def crash(f):
             f.write(b"new but not finished")
             f.flush()

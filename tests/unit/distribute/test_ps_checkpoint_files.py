@@ -88,7 +88,7 @@ def test_save_then_restore_brings_back_values_versions_slots_and_steps(tmp_path)
     before = snapshot(variables, host)
     path, info, files, items = save(tmp_path, variables, host)
     assert os.listdir(tmp_path) == ["ckpt-1.ps-0.npz"]  # no temporary file left
-    from hpcdist.checkpoint.atomic import sha256_of
+    from hpcdist.runtime.atomic import sha256_of
 
     assert (info["sha256"], info["bytes"]) == sha256_of(path)  # the digest of the file itself
     with np.load(path, allow_pickle=False) as npz:  # a plain npz, no pickle
@@ -133,7 +133,7 @@ def test_a_damaged_file_is_refused_and_nothing_changes(tmp_path, damage):
 
 
 def test_a_file_that_matches_its_digest_but_is_not_a_shard_is_corrupt(tmp_path):
-    from hpcdist.checkpoint.atomic import sha256_of
+    from hpcdist.runtime.atomic import sha256_of
 
     path = str(tmp_path / "x.ps-0.npz")
     np.savez(path, a=np.zeros(2))
