@@ -66,14 +66,33 @@ def _worker_id(resolver: ClusterResolver) -> tuple[int, int, str, int]:
     )
 
 
+def _pci_bus_id(index: int) -> str | None:
+    """The PCI bus id of CUDA device ``index`` (``None`` without CuPy or that device)."""
+    try:
+        import cupy
+
+        return str(cupy.cuda.Device(index).pci_bus_id)
+    except Exception:  # no CuPy, no driver, no such device: fall back to the visible list
+        return None
+
+
 def _physical_gpus(local: Sequence[Device]) -> list[str]:
-    """The host's ids of this worker's GPUs (``CUDA_VISIBLE_DEVICES`` entries, else ordinals)."""
+    """Host-wide ids of this worker's GPUs: PCI bus ids, else ``CUDA_VISIBLE_DEVICES`` entries.
+
+    The PCI bus id tells GPUs apart even where each task sees its own GPU as
+    device 0 (SLURM with ``ConstrainDevices``, which also renumbers
+    ``CUDA_VISIBLE_DEVICES`` to ``0`` in every task).
+    """
     visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
     ids = []
     for d in local:
         if d.device_type == "GPU":
             index = d.index or 0
-            ids.append(visible[index] if visible and index < len(visible) else str(index))
+            bus = _pci_bus_id(index)
+            if bus is not None:
+                ids.append(bus)
+            else:
+                ids.append(visible[index] if visible and index < len(visible) else str(index))
     return ids
 
 

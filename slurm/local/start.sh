@@ -11,6 +11,12 @@
 #                           need >= 2 nodes here) and SLURM_NODEID > 0.  With N>1,
 #                           srun --mpi=pmix does NOT work (the stepds of both nodes want the
 #                           same /tmp/spmix_appdir_*); --mpi=pmi2 and --mpi=none do.
+#   HPCDIST_SLURM_VNODES    extra virtual nodes vn9, vn10, ... in partition 'vnodes' [3]
+#                           (only with HPCDIST_SLURM_NODES=1; 0: none).  They give real
+#                           multi-node strings (SLURM_STEP_NODELIST=vn[9-11],
+#                           SLURM_STEP_TASKS_PER_NODE=2(x2),1) while the default partition
+#                           'debug' stays the one real node.  Same limit: no srun --mpi=pmix
+#                           across two of them.
 #   HPCDIST_SLURM_CPUS      CPUs to advertise per node [max(nproc, ceil(8 / nodes))]
 #   HPCDIST_SLURM_MEM_MARGIN_MB  memory kept back from RealMemory [1024]
 #   HPCDIST_SLURM_DIR       state/spool/log directory [/var/spool/slurm-hpcdist]
@@ -58,6 +64,18 @@ else
     for i in $(seq 1 "$NODES"); do NODE_NAMES+=("n$i"); done
     NODE_SPEC="n[1-$NODES]"
 fi
+# Extra virtual nodes (partition vnodes), numbered from 9 so that the list crosses from one
+# to two digits (a string sort would put vn10 before vn9; SLURM's order is vn9, vn10, ...).
+VNODES=${HPCDIST_SLURM_VNODES:-3}
+[[ $VNODES =~ ^[0-9]+$ ]] || die "HPCDIST_SLURM_VNODES='$VNODES' is not a whole number"
+((NODES == 1)) || VNODES=0
+VNODE_CPUS=2
+VNODE_NAMES=()
+for i in $(seq 9 $((8 + VNODES))); do VNODE_NAMES+=("vn$i"); done
+VNODE_SPEC="vn[9-$((8 + VNODES))]"
+VNODE_NOTE=""
+((VNODES == 0)) || VNODE_NOTE=" and virtual node(s) $VNODE_SPEC"
+ALL_NODES=("${NODE_NAMES[@]}" "${VNODE_NAMES[@]}")
 
 getent hosts "$HOST" >/dev/null 2>&1 ||
     die "hostname '$HOST' does not resolve; add '127.0.0.1 $HOST' to /etc/hosts"
@@ -102,13 +120,16 @@ start_munge() {
 render_conf() {
     cat <<CONF
 $MARKER
-# Test cluster on host $HOST (nproc=$NPROC, MemTotal=${MEM_MB}MB): $NODES node(s).
+# Test cluster on host $HOST (nproc=$NPROC, MemTotal=${MEM_MB}MB): $NODES node(s)$VNODE_NOTE.
 ClusterName=hpcdist
 SlurmctldHost=$HOST
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+# A requeued job may start again only after its step credentials expire (120 s by
+# default); 10 s keeps the requeue test short.
+AuthInfo=cred_expire=10
 StateSaveLocation=$STATE_DIR/ctld
 SlurmdSpoolDir=$STATE_DIR/d-%n
 SlurmctldPidFile=$STATE_DIR/slurmctld.pid
@@ -152,10 +173,21 @@ CONF
                 "CPUs=$CPUS RealMemory=$REAL_MEM State=UNKNOWN"
         done
     fi
+    # Virtual nodes: one slurmd each on this host (own port); their CPUs and memory are
+    # shared with the real node, the numbers are for the scheduler only.
+    local v
+    for v in "${VNODE_NAMES[@]}"; do
+        echo "NodeName=$v NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((17000 + ${v#vn}))" \
+            "CPUs=$VNODE_CPUS RealMemory=$REAL_MEM State=UNKNOWN"
+    done
     # DefaultTime: backfill cannot plan a job whose limit is INFINITE (hetjobs then pend
     # forever). OverSubscribe=FORCE:4 lets up to 4 jobs share a CPU.
     echo "PartitionName=$PARTITION Nodes=$NODE_SPEC Default=YES DefaultTime=01:00:00" \
         "MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
+    if ((VNODES > 0)); then
+        echo "PartitionName=vnodes Nodes=$VNODE_SPEC Default=NO DefaultTime=01:00:00" \
+            "MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
+    fi
 }
 
 # Writes $CONF; returns 0 when it changed, 1 when it was already up to date.
@@ -174,7 +206,7 @@ write_conf() {
     fi
     install -m 644 "$tmp" "$CONF"
     rm -f "$tmp"
-    log "wrote $CONF (nodes $NODE_SPEC; per node CPUs=$CPUS, RealMemory=${REAL_MEM}MB)"
+    log "wrote $CONF (nodes $NODE_SPEC$VNODE_NOTE; per node CPUs=$CPUS, RealMemory=${REAL_MEM}MB)"
     return 0
 }
 
@@ -183,15 +215,15 @@ pid_alive() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 all_slurmd_alive() {
     local n
-    for n in "${NODE_NAMES[@]}"; do pid_alive "$STATE_DIR/slurmd-$n.pid" || return 1; done
+    for n in "${ALL_NODES[@]}"; do pid_alive "$STATE_DIR/slurmd-$n.pid" || return 1; done
 }
 
-# True when every node of the partition is idle, mixed or allocated.
+# True when every node is idle, mixed or allocated.
 all_ready() {
-    local counts
-    counts=$(sinfo -h -N -p "$PARTITION" -o '%N %T' 2>/dev/null |
+    local counts total=${#ALL_NODES[@]}
+    counts=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u |
         awk '$2 ~ /^(idle|mix|alloc)/ {n++} END {print n + 0 "/" NR}')
-    [[ $counts == "$NODES/$NODES" ]]
+    [[ $counts == "$total/$total" ]]
 }
 
 start_munge
@@ -199,7 +231,7 @@ conf_changed=0
 if write_conf; then conf_changed=1; fi
 
 if ((!conf_changed)) && pid_alive "$STATE_DIR/slurmctld.pid" && all_slurmd_alive && all_ready; then
-    log "already running; node(s) $NODE_SPEC ready"
+    log "already running; node(s) $NODE_SPEC$VNODE_NOTE ready"
     exit 0
 fi
 if ((conf_changed)) || ! pid_alive "$STATE_DIR/slurmctld.pid"; then
@@ -224,7 +256,7 @@ scontrol ping 2>/dev/null | grep -q "is UP" ||
 
 SLURMD_LOG="$STATE_DIR/log/slurmd-${NODE_NAMES[0]}.log"
 log_start=$(($(cat "$SLURMD_LOG" 2>/dev/null | wc -l) + 1))
-for n in "${NODE_NAMES[@]}"; do
+for n in "${ALL_NODES[@]}"; do
     if ! pid_alive "$STATE_DIR/slurmd-$n.pid"; then
         log "starting slurmd for node $n"
         mkdir -p "$STATE_DIR/d-$n"
@@ -239,6 +271,9 @@ while ((SECONDS < deadline)); do
     if all_ready; then
         log "SLURM is up: node(s) $NODE_SPEC idle in partition $PARTITION," \
             "$CPUS CPUs per node (this host has $NPROC)"
+        if ((VNODES > 0)); then
+            log "virtual nodes $VNODE_SPEC ($VNODE_CPUS CPUs each) idle in partition vnodes"
+        fi
         if tail -n "+$log_start" "$SLURMD_LOG" 2>/dev/null | grep -q "can not load PMIx library"; then
             log "warning: srun --mpi=pmix will fail: the mpi/pmix plugin cannot dlopen" \
                 "libpmix.so (install libpmix-dev: slurm/local/install.sh does)"
@@ -247,7 +282,9 @@ while ((SECONDS < deadline)); do
     fi
     if sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(down|drain|fail)'; then
         # ReturnToService=2 normally clears this; resume explicitly.
-        scontrol update NodeName="$NODE_SPEC" State=RESUME 2>/dev/null || true
+        for n in "${ALL_NODES[@]}"; do
+            scontrol update NodeName="$n" State=RESUME 2>/dev/null || true
+        done
     fi
     sleep 0.5
 done

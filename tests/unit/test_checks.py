@@ -118,11 +118,22 @@ def test_ranks_sharing_a_gpu_are_named():
 
 
 def test_physical_gpu_ids_follow_cuda_visible_devices(monkeypatch):
+    import hpcdist.distribute.multi_worker as mw
     from hpcdist.distribute.devices import Device
     from hpcdist.distribute.multi_worker import _physical_gpus
 
     gpus = [Device(None, None, None, "GPU", 0), Device(None, None, None, "GPU", 1)]
+    monkeypatch.setattr(mw, "_pci_bus_id", lambda index: None)  # no CuPy: the visible list
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert _physical_gpus(gpus + [Device(None, None, None, "CPU", 0)]) == ["3", "5"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert _physical_gpus(gpus) == ["0", "1"]
+
+
+def test_pci_bus_ids_tell_apart_gpus_that_every_task_sees_as_device_0(monkeypatch):
+    import hpcdist.distribute.multi_worker as mw
+    from hpcdist.distribute.devices import Device
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # SLURM ConstrainDevices renumbers to 0
+    monkeypatch.setattr(mw, "_pci_bus_id", lambda index: "0000:3B:00.0")
+    assert mw._physical_gpus([Device(None, None, None, "GPU", 0)]) == ["0000:3B:00.0"]
