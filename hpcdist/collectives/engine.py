@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -68,7 +69,7 @@ from hpcdist.collectives.fusion import (
     wire_dtype,
 )
 from hpcdist.collectives.metadata import describe_arrays, mismatch_message, signature_hash
-from hpcdist.collectives.mpi_backend import Call, PendingCollective, Plan, drive
+from hpcdist.collectives.mpi_backend import Call, PendingCollective, Plan, drive, poll
 from hpcdist.collectives.mpi_reduce import reduce_calls
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.collectives.options import CommunicationImplementation as CI
@@ -520,13 +521,18 @@ class Collectives:
             self._merged_cache[options] = opts
         return opts
 
-    def _topo(self, checked: bool = False) -> _Topology:
+    def _topo(self, timeout: float | None = None) -> _Topology:
         """The node layout of the communicator (collective on the first call).
 
         The first call also sets up the arrival board when any rank's call
-        is ``checked``."""
+        has a ``timeout`` (is checked). Its set-up calls block, so with a
+        timeout every rank first meets in a polled ``Ibarrier``: a rank that
+        never arrives gives a :class:`CollectiveTimeoutError` here too."""
         if self._topology is None:
             comm = self._comm
+            checked = timeout is not None
+            if checked and self._size > 1:
+                self._meet_before_setup(timeout)
             node, host_ranks = node_comm_of(comm)
             local_rank, local_size = node.Get_rank(), node.Get_size()
             mine = np.array([local_size if local_rank == 0 else 0, int(checked)], np.int64)
@@ -549,6 +555,17 @@ class Collectives:
             self._topology = _Topology(nodes, largest, window, leaders, local_rank)
         return self._topology
 
+    def _meet_before_setup(self, timeout: float) -> None:
+        request = self._comm.Ibarrier()
+        if not poll(request, time.monotonic() + timeout):
+            error = CollectiveTimeoutError(
+                f"the first collective of this engine did not start within {timeout} s on rank "
+                f"{self._rank}: some of the {self._size} ranks never called it (hung, crashed "
+                "or skipped it), so the node layout could not be set up. Abort the job"
+            )
+            error.request = request
+            raise error
+
     def _new_layout(
         self,
         key: tuple[Any, ...],
@@ -564,7 +581,7 @@ class Collectives:
                 raise TypeError(f"{operation} (tensor {i}): {err}") from None
         bucket = opts.bytes_per_pack or choice.DEFAULT_BUCKET_BYTES
         if self._size > 1:
-            window = self._topo(opts.timeout_seconds is not None).window
+            window = self._topo(opts.timeout_seconds).window
             if window is not None:
                 bucket = min(bucket, window.slot_bytes)
         text = (
@@ -627,7 +644,7 @@ class Collectives:
         On one node the agreement is a node barrier comparing digests (and
         the plan is told not to check); elsewhere the plan checks over MPI.
         """
-        top = self._topo(opts.timeout_seconds is not None)
+        top = self._topo(opts.timeout_seconds)
         sig = self._signature(layout, opts, what)
         if top.nodes == 1 and top.window is not None:
             if sig is None:
@@ -664,7 +681,7 @@ class Collectives:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _reduce(self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions):
-        top = self._topo(opts.timeout_seconds is not None)
+        top = self._topo(opts.timeout_seconds)
         impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
         single = top.nodes == 1 and top.window is not None
         text = layout.text
@@ -685,7 +702,7 @@ class Collectives:
     def _reduce_scatter(
         self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, bounds: list[int]
     ) -> np.ndarray:
-        top = self._topo(opts.timeout_seconds is not None)
+        top = self._topo(opts.timeout_seconds)
         impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
         group = layout.groups[0]
         fits = group.total * group.wire.itemsize <= (top.window.slot_bytes if top.window else 0)

@@ -66,6 +66,29 @@ def _worker_id(resolver: ClusterResolver) -> tuple[int, int, str, int]:
     )
 
 
+def _process_ordinals(binding: Any, environ: Any = None) -> tuple[int, ...]:
+    """This process's CUDA numbers of the GPUs ``binding`` gives the rank.
+
+    ``binding.ordinals`` count from 0 as if ``CUDA_VISIBLE_DEVICES`` were already
+    narrowed to the rank's GPUs; when it is not (plain ``mpirun`` on a node with
+    several GPUs), rank k's GPU is found in the list the process sees now, so
+    that the ranks of a node use different GPUs.
+
+    Example:
+        >>> from hpcdist.cluster.gpus import GPUBinding
+        >>> b = GPUBinding(("2",), (0,), False, "host GPUs")
+        >>> _process_ordinals(b, {}), _process_ordinals(b, {"CUDA_VISIBLE_DEVICES": "0,2"})
+        ((2,), (1,))
+    """
+    environ = os.environ if environ is None else environ
+    current = parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"))
+    if current is None:  # every GPU of the host is visible, numbered as the host numbers them
+        found = [int(v) for v in binding.visible if v.isdigit()]
+    else:
+        found = [current.index(v) for v in binding.visible if v in current]
+    return tuple(found) if len(found) == len(binding.visible) else tuple(binding.ordinals)
+
+
 def _pci_bus_id(index: int) -> str | None:
     """The PCI bus id of CUDA device ``index`` (``None`` without CuPy or that device)."""
     try:
@@ -203,7 +226,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             return check_devices_exist(canonical_devices(devices))
         binding = w.gpu_binding()
         if binding.ordinals:
-            return tuple(Device("localhost", 0, 0, "GPU", i) for i in binding.ordinals)
+            return tuple(Device("localhost", 0, 0, "GPU", i) for i in _process_ordinals(binding))
         return (Device("localhost", 0, 0, "CPU", 0),)
 
     def __repr__(self) -> str:

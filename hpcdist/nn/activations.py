@@ -24,7 +24,9 @@ import numpy as np
 
 from hpcdist.arrays import array_module, asarray
 
+#: ``forward(x) -> (y, cache)``: an activation's forward pass and what its backward needs.
 ForwardFn = Callable[[Any], tuple[Any, Any]]
+#: ``backward(cache, dy) -> dx``: an activation's backward pass.
 BackwardFn = Callable[[Any, Any], Any]
 
 
@@ -229,15 +231,25 @@ def _elu_like(scale: float, alpha: float) -> tuple[ForwardFn, BackwardFn]:
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
+#: ``f(x) = x`` (no activation).
 linear = ActivationFunction("linear", _linear_forward, _linear_backward)
+#: ``max(x, 0)``.
 relu = ActivationFunction("relu", _relu_forward, _relu_backward)
+#: ``1 / (1 + exp(-x))``.
 sigmoid = ActivationFunction("sigmoid", _sigmoid_forward, _sigmoid_backward)
+#: The hyperbolic tangent.
 tanh = ActivationFunction("tanh", _tanh_forward, _tanh_backward)
+#: Softmax over the last axis (each row sums to 1).
 softmax = ActivationFunction("softmax", _softmax_forward, _softmax_backward)
+#: Gaussian error linear unit, exact form ``x * (1 + erf(x / sqrt(2))) / 2``.
 gelu = ActivationFunction("gelu", _gelu_forward, _gelu_backward)
+#: ``log(1 + exp(x))``.
 softplus = ActivationFunction("softplus", _softplus_forward, _softplus_backward)
+#: ``x * sigmoid(x)`` (also called SiLU).
 swish = ActivationFunction("swish", _swish_forward, _swish_backward)
+#: Exponential linear unit: ``x`` for ``x > 0``, else ``exp(x) - 1``.
 elu = ActivationFunction("elu", *_elu_like(1.0, 1.0))
+#: Scaled ELU with the self-normalising constants of Klambauer et al. (2017).
 selu = ActivationFunction("selu", *_elu_like(_SELU_SCALE, _SELU_ALPHA))
 
 _BY_NAME: dict[str, ActivationFunction] = {

@@ -334,18 +334,31 @@ class LecunUniform(_Preset):
 
 
 # Keras's lower-case aliases of the classes.
+#: Keras's lower-case name of :class:`Zeros`.
 zeros = Zeros
+#: Keras's lower-case name of :class:`Ones`.
 ones = Ones
+#: Keras's lower-case name of :class:`Constant`.
 constant = Constant
+#: Keras's lower-case name of :class:`RandomNormal`.
 random_normal = RandomNormal
+#: Keras's lower-case name of :class:`RandomUniform`.
 random_uniform = RandomUniform
+#: Keras's lower-case name of :class:`TruncatedNormal`.
 truncated_normal = TruncatedNormal
+#: Keras's lower-case name of :class:`VarianceScaling`.
 variance_scaling = VarianceScaling
+#: Keras's lower-case name of :class:`GlorotUniform`.
 glorot_uniform = GlorotUniform
+#: Keras's lower-case name of :class:`GlorotNormal`.
 glorot_normal = GlorotNormal
+#: Keras's lower-case name of :class:`HeNormal`.
 he_normal = HeNormal
+#: Keras's lower-case name of :class:`HeUniform`.
 he_uniform = HeUniform
+#: Keras's lower-case name of :class:`LecunNormal`.
 lecun_normal = LecunNormal
+#: Keras's lower-case name of :class:`LecunUniform`.
 lecun_uniform = LecunUniform
 
 _CLASSES: dict[str, type[Initializer]] = {

@@ -313,7 +313,9 @@ def mean_squared_error(y_true: Any, y_pred: Any) -> Any:
     return from_last_axis(y_pred, value, jac)
 
 
+#: Keras's short names of :func:`mean_squared_error`.
 mse = MSE = mean_squared_error
+#: Keras's short names of :func:`binary_crossentropy`.
 bce = BCE = binary_crossentropy
 
 

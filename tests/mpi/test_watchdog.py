@@ -204,3 +204,22 @@ def test_waiting_ranks_sleep_instead_of_spinning(c, monkeypatch, implementation)
     wall, cpu = time.monotonic() - wall, time.process_time() - cpu
     assert wall > 1.0, wall
     assert cpu < 0.35 * wall, (cpu, wall)
+
+
+def test_a_rank_missing_from_an_engines_first_collective_times_out():
+    """The first call sets up the node layout with blocking calls; a polled barrier first."""
+    comm = mpi().COMM_WORLD.Dup()
+    engine = Collectives(comm)
+    late = comm.Get_size() - 1
+    try:
+        if comm.Get_rank() != late:
+            start = time.monotonic()
+            with pytest.raises(CollectiveTimeoutError, match="did not start within 0.5 s") as err:
+                engine.allreduce([np.ones(3)], "SUM", CommunicationOptions(timeout_seconds=0.5))
+            assert time.monotonic() - start < 5
+            err.value.request.Wait()  # the late rank arrives below
+        else:
+            time.sleep(1.5)
+            comm.Ibarrier().Wait()  # what the others' pending set-up barrier waits for
+    finally:
+        comm.Free()

@@ -150,6 +150,7 @@ class PerWorkerValues:
         return f"{type(self).__name__}({self._values!r})"
 
 
+#: TF 2.x's name (``tf.distribute.coordinator.PerWorkerValue``) of :class:`PerWorkerValues`.
 PerWorkerValue = PerWorkerValues
 
 
