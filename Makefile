@@ -87,6 +87,7 @@ bench: install
 	timeout -k 20 900 $(PY) benchmarks/optimizer_update.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/train_throughput.py
 	timeout -k 20 900 $(MPIRUN) -n 4 $(PY) benchmarks/ps_vs_mwms.py
+	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/checked_collectives.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info
