@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.errors import CheckpointCorruptError, CheckpointError
-from hpcdist.runtime.atomic import atomic_write, fsync_directory, sha256_of
+from hpcdist.runtime.atomic import atomic_write, atomic_write_hashed, fsync_directory, sha256_of
 
 FORMAT = "hpcdist-checkpoint"
 VERSION = 1
@@ -106,34 +105,6 @@ def _host_array(path: str, name: str, value: Any) -> np.ndarray:
     return array
 
 
-class _HashingStream:
-    """A write-only stream that hashes what passes through; not seekable, so ``zipfile``
-    streams (sizes after each member) and the file is read back for its digest never."""
-
-    def __init__(self) -> None:
-        self.target: Any = None
-        self.digest = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: Any) -> int:
-        n = self.target.write(data)
-        self.digest.update(data)
-        self.size += len(memoryview(data).cast("B"))
-        return n
-
-    def tell(self) -> int:
-        return self.size
-
-    def seekable(self) -> bool:
-        return False
-
-    def seek(self, *args: Any) -> int:
-        raise OSError("not seekable")
-
-    def flush(self) -> None:
-        self.target.flush()
-
-
 def write_checkpoint(
     prefix: str,
     arrays: dict[str, dict[str, Any]],
@@ -181,17 +152,16 @@ def write_checkpoint(
     if os.path.exists(index):  # an older checkpoint at this prefix is invalid from here on
         os.unlink(index)
         fsync_directory(directory)
-    stream = _HashingStream()
 
-    def write_npz(f: Any) -> None:
-        stream.target = f  # an .npz archive (what np.savez writes), streamed through the hash
+    def write_npz(stream: Any) -> None:
+        # an .npz archive (what np.savez writes), streamed through the hash
         with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             for key, array in members.items():
                 with zf.open(key + ".npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, array, allow_pickle=False)
 
-    atomic_write(data_file(prefix), write_npz)
-    files = {data_name: {"sha256": stream.digest.hexdigest(), "bytes": stream.size}}
+    digest, size = atomic_write_hashed(data_file(prefix), write_npz)
+    files = {data_name: {"sha256": digest, "bytes": size}}
     manifest: dict[str, Any] = {"format": FORMAT, "version": VERSION}
     if ps_fragment is not None:
         for name, entry in dict(ps_fragment.get("files", {})).items():

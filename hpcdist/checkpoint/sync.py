@@ -32,7 +32,6 @@ from hpcdist.errors import CheckpointCorruptError, CheckpointError
 
 __all__ = ["Group", "is_ps_strategy"]
 
-_TAG = 9731  # Create_group's tag on the PS coordination communicator (coordinator tags: 11-14)
 _CHUNK = 1 << 30  # bytes per Bcast (stays below MPI's int count limit)
 
 
@@ -56,14 +55,9 @@ def _communicator(strategy: Any) -> Any:
     """A new communicator of the strategy's workers (``None`` with one worker); collective."""
     ext = strategy.extended
     if is_ps_strategy(strategy):
-        base = ext._coordination_comm
-        group = base.Get_group()
-        clients = group.Incl(list(ext._roles.clients))
-        try:
-            return base.Create_group(clients, _TAG)
-        finally:
-            clients.Free()
-            group.Free()
+        from hpcdist.distribute.ps.checkpoint import clients_comm
+
+        return clients_comm(strategy)
     collectives = getattr(ext, "_collectives", None)
     if collectives is None or getattr(ext, "_num_workers", 1) <= 1:
         return None

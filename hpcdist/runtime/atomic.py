@@ -25,7 +25,14 @@ import os
 from collections.abc import Callable
 from typing import IO, Any
 
-__all__ = ["atomic_write", "fsync_directory", "sha256_of", "temporary_path"]
+__all__ = [
+    "HashingWriter",
+    "atomic_write",
+    "atomic_write_hashed",
+    "fsync_directory",
+    "sha256_of",
+    "temporary_path",
+]
 
 
 def temporary_path(path: str) -> str:
@@ -95,6 +102,67 @@ def atomic_write(path: str | os.PathLike[str], write_fn: Callable[[IO[bytes]], A
             os.unlink(tmp)
         raise
     fsync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+class HashingWriter:
+    """A write-only stream that hashes what it passes on. It cannot seek, so ``zipfile`` (under
+    ``np.savez``) writes an archive in one pass and the digest is that of the file, without
+    reading it back.
+
+    Example:
+        >>> import io
+        >>> w = HashingWriter(io.BytesIO()); _ = w.write(b"abc")
+        >>> w.digest.hexdigest()[:8], w.size, w.tell()
+        ('ba7816bf', 3, 3)
+    """
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = self._f.write(view)
+        self.digest.update(view)
+        self.size += len(view)
+        return n
+
+    def tell(self) -> int:
+        return self.size
+
+    def seekable(self) -> bool:
+        return False
+
+    def seek(self, *args: Any) -> int:
+        raise OSError("a hashing stream cannot seek")
+
+    def read(self, *args: Any) -> bytes:  # np.savez takes objects with .read for files
+        raise OSError("a hashing stream is write-only")
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def atomic_write_hashed(
+    path: str | os.PathLike[str], write_fn: Callable[[Any], Any]
+) -> tuple[str, int]:
+    """:func:`atomic_write` through a :class:`HashingWriter`; returns (sha256 hex, bytes).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
+        >>> atomic_write_hashed(path, lambda f: f.write(b"abc"))[1]
+        3
+    """
+    writers: list[HashingWriter] = []
+
+    def write(f: IO[bytes]) -> None:
+        writers.append(HashingWriter(f))
+        write_fn(writers[-1])
+
+    atomic_write(path, write)
+    return writers[-1].digest.hexdigest(), writers[-1].size
 
 
 def sha256_of(path: str | os.PathLike[str], chunk: int = 1 << 22) -> tuple[str, int]:

@@ -110,7 +110,14 @@ def test_only_the_chief_writes_and_training_resumes_identically(
         writes.append(os.path.basename(path))
         return real(path, fn)
 
+    real_hashed = fmt.atomic_write_hashed
+
+    def counting_hashed(path, fn):
+        writes.append(os.path.basename(path))
+        return real_hashed(path, fn)
+
     monkeypatch.setattr(fmt, "atomic_write", counting)
+    monkeypatch.setattr(fmt, "atomic_write_hashed", counting_hashed)
     monkeypatch.setattr(manager_module, "atomic_write", counting)
     path = Checkpoint(vars=variables, opt=opt).save(os.path.join(shared_dir, "run"))
     monkeypatch.undo()

@@ -11,7 +11,7 @@ else is in ``__meta__``, UTF-8 JSON in a uint8 array::
      "optimizers": [{"id", "class_name", "config",
                      "states": [{"var", "step", "slots": {slot: key}}]}]}
 
-Writing goes through :func:`hpcdist.runtime.atomic.atomic_write` (temporary
+Writing goes through :func:`hpcdist.runtime.atomic.atomic_write_hashed` (temporary
 file, flush, fsync, rename, directory fsync); the reply carries the file's
 sha256 and size. Restoring first verifies both against what the chief's
 manifest recorded, then checks every array against the live variables (stage),
@@ -22,13 +22,13 @@ Example: ``info = write_shard("/ckpt/ckpt-3.ps-0.npz", 0, server.vars, server.ho
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any
 
 import numpy as np
 
 from hpcdist.errors import CheckpointCorruptError, CheckpointError
+from hpcdist.runtime.atomic import atomic_write_hashed, sha256_of
 
 FORMAT = "hpcdist-ps-shard"
 VERSION = 1
@@ -81,7 +81,6 @@ def write_shard(
 
     Example: ``write_shard("/ckpt/ckpt-1.ps-0.npz", 0, server.vars, server.host, [0])``.
     """
-    from hpcdist.runtime.atomic import atomic_write
 
     missing = [i for i in ids if i not in variables]
     if missing:
@@ -123,56 +122,9 @@ def write_shard(
 
     arrays[META_KEY] = to_json_bytes(meta)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    hashing: list[_HashingWriter] = []
-
-    def write(f: Any) -> None:
-        hashing.append(_HashingWriter(f))
-        np.savez(hashing[-1], **arrays)
-
-    atomic_write(path, write)
-    digest, size = hashing[-1].digest.hexdigest(), hashing[-1].size
+    digest, size = atomic_write_hashed(path, lambda f: np.savez(f, **arrays))
     return {"file": os.path.basename(path), "sha256": digest, "bytes": size,
             "variables": metas, "optimizers": opts}  # fmt: skip
-
-
-class _HashingWriter:
-    """A write-only stream that hashes what it passes on. It cannot seek, so ``zipfile`` (under
-    ``np.savez``) writes the archive in one pass and the digest is that of the file, without
-    reading it back.
-
-    Example:
-        >>> import io
-        >>> w = _HashingWriter(io.BytesIO()); _ = w.write(b"abc")
-        >>> w.digest.hexdigest()[:8], w.size, w.tell()
-        ('ba7816bf', 3, 3)
-    """
-
-    def __init__(self, f: Any) -> None:
-        self._f = f
-        self.digest = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        n = self._f.write(view)
-        self.digest.update(view)
-        self.size += len(view)
-        return n
-
-    def tell(self) -> int:
-        return self.size
-
-    def seekable(self) -> bool:
-        return False
-
-    def seek(self, *args: Any) -> int:
-        raise OSError("a hashing stream cannot seek")
-
-    def read(self, *args: Any) -> bytes:  # np.savez takes objects with .read for files
-        raise OSError("a hashing stream is write-only")
-
-    def flush(self) -> None:
-        self._f.flush()
 
 
 def verify_file(path: str, sha256: str, nbytes: int) -> None:
@@ -181,7 +133,6 @@ def verify_file(path: str, sha256: str, nbytes: int) -> None:
 
     Example: ``verify_file("/ckpt/ckpt-1.ps-0.npz", manifest_sha, manifest_bytes)``.
     """
-    from hpcdist.runtime.atomic import sha256_of
 
     if not os.path.isfile(path):
         raise CheckpointCorruptError(
