@@ -30,7 +30,6 @@ import itertools
 import os
 import sys
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -40,6 +39,7 @@ from hpcdist.arrays import array_module, asarray, to_host
 from hpcdist.distribute import context
 from hpcdist.distribute.variables import DistributedVariable, Variable
 from hpcdist.nn.layers import InputLayer, Layer, check_build_context, snake_case
+from hpcdist.runtime.atomic import atomic_write
 
 _FORMAT = "hpcdist.nn.Model.weights/1"
 _NAMES_KEY = "__names__"
@@ -432,9 +432,9 @@ class Model:
         Only the chief (``distribute_strategy.extended.should_checkpoint``)
         writes; other workers return at once. Nothing here is collective, so
         the chief may call it alone. The file is written exactly at
-        ``filepath`` (no suffix added), through a temporary file and
-        ``os.replace``. Sync-on-read weights are saved as the first local
-        replica's copy.
+        ``filepath`` (no suffix added), through a temporary file, ``fsync`` and
+        ``os.replace`` (:func:`hpcdist.runtime.atomic.atomic_write`). Sync-on-read
+        weights are saved as the first local replica's copy.
 
         Example: ``model.save_weights("ckpt/weights.npz")``.
         """
@@ -454,25 +454,9 @@ class Model:
             source = v.values[0] if isinstance(v, DistributedVariable) else v
             arrays[v.name] = to_host(source._read())
         path = os.fspath(filepath)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(
-            directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        )
-        try:
-            with open(tmp, "xb") as f:
-                np.savez(
-                    f,
-                    **{_FORMAT_KEY: np.array(_FORMAT), _NAMES_KEY: np.array(names, dtype=str)},
-                    **arrays,
-                )
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        header = {_FORMAT_KEY: np.array(_FORMAT), _NAMES_KEY: np.array(names, dtype=str)}
+        atomic_write(path, lambda f: np.savez(f, **header, **arrays))
 
     def load_weights(self, filepath: str | os.PathLike) -> None:
         """Read weights written by :meth:`save_weights` and assign them (every worker).
