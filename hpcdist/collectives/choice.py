@@ -10,8 +10,9 @@ AUTO, on the topology of the engine's communicator:
 
 ``HPCDIST_COLLECTIVES=mpi|shm|hierarchical|auto`` replaces AUTO for every
 call that asks for AUTO; an explicit ``CommunicationOptions(implementation=...)``
-wins over it. ``RING`` is MPI's own algorithms; ``NCCL`` runs on MPI until the
-GPU path exists. ``HPCDIST_SHM_SLOT_BYTES`` sets the size of a shared slot.
+wins over it. ``RING`` is MPI's own algorithms; ``NCCL`` applies to GPU arrays
+(:mod:`hpcdist.collectives.device_path`); host arrays asking for it run on MPI.
+``HPCDIST_SHM_SLOT_BYTES`` sets the size of a shared slot.
 
 Example:
     >>> from hpcdist.collectives.options import CommunicationImplementation as CI

@@ -1,8 +1,9 @@
 """The collectives engine: allreduce, reduce_scatter, allgather, broadcast and barrier.
 
 :class:`Collectives` runs collective operations among the ranks of one MPI
-communicator, on NumPy or CuPy arrays (CuPy goes through host memory until
-the GPU path exists).
+communicator, on NumPy arrays or device arrays (CuPy): device arrays take
+the GPU path of :mod:`hpcdist.collectives.device_path` (NCCL, CUDA-aware
+MPI, or pinned host staging) and this module's host path for the rest.
 
 Reductions are *fused*: the tensors of a call are packed, per dtype, into
 buckets (:mod:`hpcdist.collectives.fusion`; the layout is built once per
@@ -59,6 +60,7 @@ import numpy as np
 from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
 from hpcdist.collectives import choice
 from hpcdist.collectives.arrivals import ArrivalBoard, Watch
+from hpcdist.collectives.device_path import DevicePath, has_device_arrays
 from hpcdist.collectives.fusion import (
     BufferPool,
     Layout,
@@ -103,7 +105,6 @@ LAYOUT_CACHE_SIZE = 1024
 WHAT_CHARS = 300  # characters of a call's description in a timeout error
 _MASK63 = (1 << 63) - 1
 _MIX = 0x9E3779B97F4A7C15  # spreads sequence numbers over the digest bits
-_FALLBACK_WARNED: set[CI] = set()
 _OPS = {op.name: op for op in ReduceOp} | {op.name.lower(): op for op in ReduceOp}
 
 
@@ -132,6 +133,7 @@ class _Topology(NamedTuple):
     window: NodeWindow | None  # this node's shared window (None: one rank per node)
     leaders: Any  # several nodes: the node leaders' communicator on a leader, else None
     node_rank: int
+    node: Any = None  # the communicator of this rank's node
 
 
 def _host_arrays(tensors: Any, operation: str) -> tuple[list[np.ndarray], list[tuple[str, int]]]:
@@ -256,6 +258,9 @@ class Collectives:
         self._seq = 0  # collectives run on the communicator (both modes)
         self._board: ArrivalBoard | None = None  # checked mode only
         self._mpi: Any = None
+        self._device: DevicePath | None = None  # the device-array path, made on first use
+        #: The route of the last call on device arrays (see :mod:`hpcdist.collectives.device_path`).
+        self.last_device_route: str | None = None
         if self._size > 1:
             from hpcdist.runtime import mpi
 
@@ -325,6 +330,8 @@ class Collectives:
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
         opts = self._merged(options)
+        if has_device_arrays(tensors):
+            return self._device_path().allreduce(tensors, op, opts, out)
         items, places = _host_arrays(tensors, "allreduce")
         key = (op, opts, *[(a.shape, a.dtype) for a in items])
         layout = self._layouts.get(key)
@@ -378,6 +385,8 @@ class Collectives:
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
         opts = self._merged(options)
+        if has_device_arrays([tensor]):
+            return self._device_path().reduce_scatter(tensor, op, opts)
         items, places = _host_arrays([tensor], "reduce_scatter")
         x = items[0]
         if x.ndim == 0:
@@ -420,6 +429,10 @@ class Collectives:
         ``c.allgather(x)`` has shape ``(3, 2)``.
         """
         opts = self._merged(options)
+        if has_device_arrays([tensor]):
+            if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+                raise TypeError(f"axis is {axis!r}; expected an int")
+            return self._device_path().allgather(tensor, int(axis), opts)
         x = asarray(tensor)
         place = device_of(x)
         host = to_host(x)
@@ -466,6 +479,8 @@ class Collectives:
                 f"root is {root}; expected a rank of the communicator, 0 <= root < {self._size}"
             )
         root = int(root)
+        if has_device_arrays(tensors):
+            return self._device_path().broadcast(tensors, root, opts)
         items, places = _host_arrays(tensors, "broadcast")
         key = ("broadcast", root, _mode(opts), opts.bytes_per_pack) + tuple(
             (a.shape, a.dtype) for a in items
@@ -498,6 +513,11 @@ class Collectives:
 
     # -- internals ---------------------------------------------------------
 
+    def _device_path(self) -> DevicePath:
+        if self._device is None:
+            self._device = DevicePath(self)
+        return self._device
+
     def _merged(self, options: CommunicationOptions | None) -> CommunicationOptions:
         if self._generation != _DefaultTimeout.generation or _DefaultTimeout.unset:
             get_default_timeout()  # reads HPCDIST_TIMEOUT_SECONDS on first use
@@ -511,12 +531,6 @@ class Collectives:
         default = _DefaultTimeout.timeout
         if opts.timeout_seconds is None and default is not None:
             opts = CommunicationOptions(opts.bytes_per_pack, default, opts.implementation)
-        if opts.implementation is CI.NCCL and CI.NCCL not in _FALLBACK_WARNED:
-            _FALLBACK_WARNED.add(CI.NCCL)
-            log.warning(
-                "implementation NCCL is not available in this version of the collectives "
-                "engine; using MPI"
-            )
         if len(self._merged_cache) < 64:
             self._merged_cache[options] = opts
         return opts
@@ -552,7 +566,7 @@ class Collectives:
                 color = 0 if local_rank == 0 else MPI.UNDEFINED
                 lead = comm.Split(color, key=self._rank)
                 leaders = None if lead == MPI.COMM_NULL else lead
-            self._topology = _Topology(nodes, largest, window, leaders, local_rank)
+            self._topology = _Topology(nodes, largest, window, leaders, local_rank, node)
         return self._topology
 
     def _meet_before_setup(self, timeout: float) -> None:
@@ -793,6 +807,8 @@ class Collectives:
         if self._board is not None:
             board, self._board = self._board, None
             board.free()
+        if self._device is not None:
+            self._device.close()
 
     def _check_pending(self, plan: Any) -> None:
         """Refuse a new collective (closing its ``plan``) while a timed-out one is still

@@ -42,12 +42,13 @@ class CommunicationImplementation(enum.Enum):
       ``HPCDIST_COLLECTIVES`` (``mpi``, ``shm``, ``hierarchical``) overrides
       the choice for every call that asks for AUTO.
     * ``RING``: MPI's own allreduce algorithms on the CPU (TF's name for its CPU path).
-    * ``NCCL``: NCCL between GPUs (the GPU issue; falls back to MPI until then).
+    * ``NCCL``: NCCL between GPUs, for CuPy arrays (host arrays run on MPI).
     * ``MPI``: MPI collectives, explicitly.
     * ``SHM``: an MPI-3 shared-memory window on each node; ranks on several
       nodes run it as ``HIERARCHICAL``.
     * ``HIERARCHICAL``: shared memory inside each node, MPI between one leader
-      rank per node, then shared memory again to spread the result.
+      rank per node, then shared memory again to spread the result; for CuPy
+      arrays NCCL inside each node and MPI between the node leaders.
 
     Example:
         >>> CommunicationImplementation.from_any("nccl") is CommunicationImplementation.NCCL
