@@ -1,0 +1,180 @@
+"""The engine's device path across ranks, on the fake GPU array (host memory behind
+``__cuda_array_interface__``): pinned staging, CUDA-aware MPI, and NCCL / hierarchical
+through the fake NCCL provider. A spy communicator records whether a device array was
+ever handed to MPI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hpcdist.collectives import Collectives, CommunicationOptions
+from hpcdist.runtime import mpi
+from hpcdist.runtime.device import is_device_array
+from tests.support.fake_gpu import RUNTIME, FakeGpuArray, fake
+
+MPI = mpi()
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+class SpyComm:
+    """An mpi4py communicator that records the MPI calls given a device array."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self.device_calls: list[str] = []
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if not callable(attr) or not name[:1].isupper():
+            return attr
+
+        def call(*args, **kwargs):
+            stack = list(args)
+            while stack:
+                a = stack.pop()
+                if isinstance(a, (list, tuple)):
+                    stack.extend(a)
+                elif is_device_array(a):
+                    self.device_calls.append(name)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    comm = MPI.COMM_WORLD.Dup()
+    yield SpyComm(comm)
+    comm.Free()
+
+
+def _inputs(rank):
+    rng = np.random.default_rng(100 + rank)
+    return [
+        rng.normal(size=(4, 3)).astype(np.float32),
+        rng.integers(-50, 50, size=7).astype(np.int16),
+        rng.normal(size=5).astype(np.float64),
+        rng.normal(size=3).astype(np.float16),
+        (rng.normal(size=2) + 1j).astype(np.complex128),
+        rng.integers(0, 9, size=4).astype(np.int32),
+    ]
+
+
+def _everyone(size):
+    return [_inputs(r) for r in range(size)]
+
+
+def _expected(op, size):
+    everyone = _everyone(size)
+    out = []
+    for parts in zip(*everyone, strict=True):
+        stack = np.stack(parts)
+        if op == "SUM":
+            want = stack.sum(axis=0, dtype=np.float32 if parts[0].dtype == np.float16 else None)
+            want = want.astype(parts[0].dtype)
+        elif op == "MEAN":
+            want = stack.astype(np.float64).mean(axis=0) if parts[0].dtype.kind == "i" else (
+                (stack.astype(np.float32).sum(0) / size).astype(np.float16)
+                if parts[0].dtype == np.float16 else stack.sum(axis=0) / size
+            )
+        elif op == "MAX":
+            want = stack.max(axis=0)
+        else:
+            want = stack.min(axis=0)
+        out.append(want)
+    return out
+
+
+def _check(out, want):
+    for o, w in zip(out, want, strict=True):
+        assert isinstance(o, FakeGpuArray)
+        assert o.dtype == w.dtype and o.shape == w.shape
+        tol = 2e-3 if w.dtype == np.float16 else 1e-6
+        np.testing.assert_allclose(o.get(), w, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("implementation", ["AUTO", "MPI", "SHM", "HIERARCHICAL"])
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX"])
+def test_staged_without_cuda_aware_mpi_never_gives_mpi_a_device_pointer(
+    spy, monkeypatch, implementation, op
+):
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "0")
+    engine = Collectives(spy, CommunicationOptions(implementation=implementation))
+    inputs = _inputs(spy.Get_rank())
+    if op == "MAX":
+        inputs = [x for x in inputs if x.dtype.kind != "c"]
+    before = RUNTIME.calls["to_host"]
+    out = engine.allreduce([fake(x) for x in inputs], op)
+    assert engine.last_device_route == "staged"
+    assert RUNTIME.calls["to_host"] > before  # it went through host memory
+    want = _expected(op, spy.Get_size())
+    if op == "MAX":
+        want = [w for w in want if w.dtype.kind != "c"]
+    _check(out, want)
+    assert spy.device_calls == []
+    engine.close()
+
+
+def test_staging_reuses_its_pinned_buffers(spy, monkeypatch):
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "0")
+    engine = Collectives(spy)
+    x = fake(np.ones(1000, np.float32))
+    engine.allreduce([x], "SUM")
+    pinned = RUNTIME.calls["pinned"]
+    waits = RUNTIME.calls["wait"]
+    for _ in range(3):
+        (y,) = engine.allreduce([x], "SUM")
+    assert RUNTIME.calls["pinned"] == pinned  # no new pinned memory per step
+    assert RUNTIME.calls["wait"] == waits + 3  # each reuse waits for the last copy out
+    np.testing.assert_array_equal(y.get(), np.full(1000, spy.Get_size(), np.float32))
+    engine.close()
+
+
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MIN"])
+def test_cuda_aware_mpi_gets_device_buffers(spy, monkeypatch, op):
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "1")
+    engine = Collectives(spy, CommunicationOptions(implementation="MPI"))
+    inputs = [x for x in _inputs(spy.Get_rank()) if x.dtype.kind != "c" or op != "MIN"]
+    before = RUNTIME.calls["to_host"]
+    out = engine.allreduce([fake(x) for x in inputs], op)
+    assert engine.last_device_route == "mpi-device"
+    assert RUNTIME.calls["to_host"] == before  # nothing staged
+    assert "Allreduce" in spy.device_calls or "Reduce" in spy.device_calls
+    want = [w for w in _expected(op, spy.Get_size()) if w.dtype.kind != "c" or op != "MIN"]
+    _check(out, want)
+    engine.close()
+
+
+@pytest.mark.parametrize("aware", ["0", "1"])
+def test_broadcast_allgather_reduce_scatter(spy, monkeypatch, aware):
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", aware)
+    engine = Collectives(spy, CommunicationOptions(implementation="MPI"))
+    rank, size = spy.Get_rank(), spy.Get_size()
+    mine = [np.full((2, 3), rank, np.float32), np.arange(rank + 1, dtype=np.int64)]
+    root_values = [np.full((2, 3), size - 1, np.float32), np.arange(size, dtype=np.int64)]
+    shaped = [mine[0], np.zeros(size, np.int64)]
+    out = engine.broadcast([fake(x) for x in (shaped if rank != size - 1 else root_values)],
+                           root=size - 1)
+    np.testing.assert_array_equal(out[0].get(), root_values[0])
+    np.testing.assert_array_equal(out[1].get(), root_values[1])
+    gathered = engine.allgather(fake(mine[1]))  # uneven rows
+    want = np.concatenate([np.arange(r + 1) for r in range(size)])
+    np.testing.assert_array_equal(gathered.get(), want)
+    block = engine.reduce_scatter(fake(np.arange(2 * size + 1, dtype=np.float64)), "SUM")
+    bounds = np.array_split(np.arange(2 * size + 1, dtype=np.float64) * size, size)[rank]
+    np.testing.assert_array_equal(block.get(), bounds)
+    if aware == "0":
+        assert spy.device_calls == []
+    engine.close()
+
+
+def test_mismatched_device_calls_raise_on_every_rank(spy, monkeypatch):
+    from hpcdist.errors import CollectiveMismatchError
+
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "1")
+    engine = Collectives(spy, CommunicationOptions(implementation="MPI"))
+    n = 3 if spy.Get_rank() == 0 else 4
+    with pytest.raises(CollectiveMismatchError, match="float32"):
+        engine.allreduce([fake(np.ones(n, np.float32))], "SUM")
+    engine.close()
