@@ -178,3 +178,69 @@ def test_mismatched_device_calls_raise_on_every_rank(spy, monkeypatch):
     with pytest.raises(CollectiveMismatchError, match="float32"):
         engine.allreduce([fake(np.ones(n, np.float32))], "SUM")
     engine.close()
+
+
+@pytest.fixture
+def fake_nccl_provider():
+    from hpcdist.collectives.nccl import set_nccl_provider
+    from tests.support import fake_nccl
+
+    set_nccl_provider(fake_nccl)
+    yield fake_nccl
+    set_nccl_provider(None)
+
+
+def _nccl_inputs(rank):
+    return [x for x in _inputs(rank) if x.dtype != np.int16]
+
+
+@pytest.mark.parametrize("implementation", ["AUTO", "NCCL", "HIERARCHICAL"])
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX"])
+def test_nccl_routes(spy, monkeypatch, fake_nccl_provider, implementation, op):
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "0")
+    engine = Collectives(spy, CommunicationOptions(implementation=implementation))
+    inputs = [x for x in _nccl_inputs(spy.Get_rank()) if op != "MAX" or x.dtype.kind != "c"]
+    before = dict(fake_nccl_provider.calls)
+    out = engine.allreduce([fake(x) for x in inputs], op)
+    nodes = engine._topo().nodes
+    expected_route = "hierarchical" if implementation == "HIERARCHICAL" and nodes > 1 else "nccl"
+    assert engine.last_device_route == expected_route
+    used = {k for k, v in fake_nccl_provider.calls.items() if v > before.get(k, 0)}
+    if expected_route == "nccl":
+        assert "allReduce" in used
+    else:
+        assert {"reduce", "bcast"} & used or "broadcast" in used
+    want = [
+        w for i, w in enumerate(_expected(op, spy.Get_size()))
+        if i != 1 and (op != "MAX" or w.dtype.kind != "c")  # [1] is the int16 tensor
+    ]
+    _check(out, want)
+    assert spy.device_calls == []  # NCCL, and staged MPI between leaders: never MPI on device
+    engine.close()
+
+
+def test_dtype_nccl_lacks_is_staged(spy, monkeypatch, fake_nccl_provider):
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "0")
+    engine = Collectives(spy)
+    (out,) = engine.allreduce([fake(np.full(3, 2, np.int16))], "SUM")
+    assert engine.last_device_route == "staged"
+    np.testing.assert_array_equal(out.get(), np.full(3, 2 * spy.Get_size(), np.int16))
+    engine.close()
+
+
+def test_nccl_gather_scatter_broadcast(spy, fake_nccl_provider):
+    engine = Collectives(spy, CommunicationOptions(implementation="NCCL"))
+    rank, size = spy.Get_rank(), spy.Get_size()
+    g = engine.allgather(fake(np.full((2, 2), rank, np.float32)))
+    assert engine.last_device_route == "nccl"
+    np.testing.assert_array_equal(g.get(), np.repeat(np.arange(size, dtype=np.float32), 2)[:, None]
+                                  * np.ones((1, 2), np.float32))
+    rs = engine.reduce_scatter(fake(np.arange(3 * size, dtype=np.int32)), "MEAN")
+    assert engine.last_device_route == "nccl" and rs.dtype == np.float64
+    np.testing.assert_array_equal(rs.get(), np.arange(3 * rank, 3 * rank + 3, dtype=np.float64))
+    (b,) = engine.broadcast([fake(np.full(4, rank, np.int64))], root=1)
+    np.testing.assert_array_equal(b.get(), np.ones(4, np.int64))
+    uneven = engine.allgather(fake(np.arange(rank + 1, dtype=np.float32)))
+    assert engine.last_device_route == "staged"
+    assert uneven.shape == (size * (size + 1) // 2,)
+    engine.close()
