@@ -76,6 +76,7 @@ def job_info() -> dict[str, Any]:
     import mpi4py
 
     from hpcdist.cluster.detect import describe_environment
+    from hpcdist.collectives.nccl import nccl_available
     from hpcdist.runtime import cuda_aware_support, library_version, mpi, world
     from hpcdist.runtime.mpi import thread_level_name
 
@@ -92,6 +93,7 @@ def job_info() -> dict[str, Any]:
         "mpi_standard": f"{major}.{minor}",
         "mpi_thread_level": thread_level_name(),
         "cuda_aware_mpi": "unknown" if aware is None else ("yes" if aware else "no"),
+        "nccl": nccl_available()[1],
         "versions": {
             "hpcdist": _version_of("hpcdist"),
             "python": platform.python_version(),
@@ -139,6 +141,7 @@ def format_job(job: dict[str, Any]) -> str:
         f"MPI library:     {job['mpi_library']} (MPI {job['mpi_standard']})",
         f"thread level:    {job['mpi_thread_level']}",
         f"CUDA-aware MPI:  {job['cuda_aware_mpi']}",
+        f"NCCL collectives: {job['nccl']}",
     ]
     lines += [f"{name + ':':<17}{version}" for name, version in job["versions"].items()]
     return "\n".join(lines)

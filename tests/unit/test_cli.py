@@ -43,6 +43,9 @@ def test_info_json_in_a_world_of_one():
     assert job["environment"]["launcher"] is None
     assert job["mpi_thread_level"] in ("single", "funneled", "serialized", "multiple")
     assert job["cuda_aware_mpi"] in ("yes", "no", "unknown")
+    from hpcdist.collectives.nccl import nccl_available
+
+    assert job["nccl"] == nccl_available()[1] and job["nccl"]
     assert set(job["versions"]) >= {"cupy", "nccl", "numba", "mpi4py", "numpy"}
 
 
