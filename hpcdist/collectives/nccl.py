@@ -1,0 +1,519 @@
+"""NCCL between GPUs, through CuPy's ``cupy.cuda.nccl``.
+
+:class:`NcclComm` is one NCCL communicator per MPI rank, built over an mpi4py
+communicator: rank 0 draws the NCCL unique id and MPI broadcasts its 128 bytes
+(buffer-mode ``Bcast`` of an int8 array). :class:`LocalNcclGroup` is NCCL among
+several GPUs of one process (``MirroredStrategy``), its calls issued between
+``groupStart()`` and ``groupEnd()``.
+
+The *provider* is the module that speaks NCCL: ``cupy.cuda.nccl`` (imported on
+first use), or whatever :func:`set_nccl_provider` injected (the test suite's
+fake, which runs every call with MPI on host memory). Buffers are device arrays
+(``__cuda_array_interface__``); streams are plain ints (CuPy: ``stream.ptr``).
+MEAN is not an NCCL op here: the caller sums and divides.
+
+Example:
+    >>> ok, reason = nccl_available()
+    >>> isinstance(ok, bool) and isinstance(reason, str)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hpcdist.collectives.ops import ReduceOp
+from hpcdist.errors import HpcdistError
+from hpcdist.runtime.device import (
+    DeviceArrayError,
+    is_c_contiguous,
+    is_device_array,
+    runtime_for,
+)
+
+UNIQUE_ID_BYTES = 128
+
+#: NumPy dtype -> name of the provider's NCCL datatype constant.
+NCCL_DTYPE_NAMES: dict[np.dtype, str] = {
+    np.dtype(np.int8): "NCCL_INT8",
+    np.dtype(np.uint8): "NCCL_UINT8",
+    np.dtype(np.int32): "NCCL_INT32",
+    np.dtype(np.uint32): "NCCL_UINT32",
+    np.dtype(np.int64): "NCCL_INT64",
+    np.dtype(np.uint64): "NCCL_UINT64",
+    np.dtype(np.float16): "NCCL_FLOAT16",
+    np.dtype(np.float32): "NCCL_FLOAT32",
+    np.dtype(np.float64): "NCCL_FLOAT64",
+}
+
+#: ReduceOp -> name of the provider's NCCL reduction constant (MEAN has none: sum, then divide).
+NCCL_OP_NAMES: dict[ReduceOp, str] = {
+    ReduceOp.SUM: "NCCL_SUM",
+    ReduceOp.MIN: "NCCL_MIN",
+    ReduceOp.MAX: "NCCL_MAX",
+}
+
+#: The mpi4py communicator while :meth:`NcclComm.create` builds a communicator (fakes read it).
+CREATING_OVER: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "hpcdist_nccl_creating_over", default=None
+)
+
+_injected: Any | None = None
+_real: tuple[Any | None, str] | None = None  # (cupy.cuda.nccl or None, why not), found once
+
+
+class NcclUnavailableError(HpcdistError, RuntimeError):
+    """NCCL cannot be used here (no CuPy, CuPy without NCCL, no GPU); the message says why."""
+
+
+class NcclCallError(HpcdistError, RuntimeError):
+    """An NCCL call failed; the message names the operation, dtype, count and rank.
+
+    The provider's own error (``cupy.cuda.nccl.NcclError``, ...) is the ``__cause__``.
+    """
+
+
+def _unavailable(reason: str) -> NcclUnavailableError:
+    return NcclUnavailableError(
+        f"NCCL cannot be used: {reason}. Use CommunicationImplementation.AUTO or MPI (they fall "
+        "back to CUDA-aware MPI or host staging), or run where CuPy with NCCL sees a GPU"
+    )
+
+
+def _find_real() -> tuple[Any | None, str]:
+    """``(cupy.cuda.nccl, "")`` when it can be used, else ``(None, reason)``; never raises."""
+    try:
+        import cupy
+    except ImportError as exc:
+        return None, f"CuPy is not installed ({exc}); install e.g. cupy-cuda12x"
+    except Exception as exc:
+        return None, f"CuPy failed to import ({type(exc).__name__}: {exc})"
+    try:
+        from cupy.cuda import nccl
+    except Exception as exc:
+        return None, f"cupy.cuda.nccl failed to import ({type(exc).__name__}: {exc})"
+    if not getattr(nccl, "available", False):
+        return None, (
+            f"CuPy {getattr(cupy, '__version__', '?')} has no NCCL (cupy.cuda.nccl.available is "
+            "False); install NCCL, e.g. pip install nvidia-nccl-cu12"
+        )
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        return None, f"no CUDA device ({type(exc).__name__}: {exc})"
+    if count < 1:
+        return None, "no CUDA device (CuPy sees 0 GPUs; check CUDA_VISIBLE_DEVICES)"
+    return nccl, ""
+
+
+def _version_text(code: int) -> str:
+    if code >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def nccl_available() -> tuple[bool, str]:
+    """Whether NCCL can be used, and a line saying which NCCL or why not (never raises).
+
+    Example:
+        >>> ok, reason = nccl_available()
+        >>> ok or len(reason) > 0
+        True
+    """
+    try:
+        provider = nccl_provider()
+    except NcclUnavailableError:
+        return False, _real[1] if _real is not None else "NCCL is unavailable"
+    except Exception as exc:
+        return False, f"NCCL check failed ({type(exc).__name__}: {exc})"
+    via = "CuPy" if _injected is None else getattr(provider, "__name__", type(provider).__name__)
+    try:
+        return True, f"NCCL {_version_text(int(provider.get_version()))} via {via}"
+    except Exception as exc:
+        return False, f"NCCL get_version() failed ({type(exc).__name__}: {exc})"
+
+
+def nccl_provider() -> Any:
+    """The provider module: the injected one, else ``cupy.cuda.nccl``.
+
+    Raises :class:`NcclUnavailableError` (saying why) when NCCL cannot be used.
+    Example: ``nccl_provider().get_version()`` is e.g. ``22105`` for NCCL 2.21.5.
+    """
+    global _real
+    if _injected is not None:
+        return _injected
+    if _real is None:
+        _real = _find_real()
+    if _real[0] is None:
+        raise _unavailable(_real[1])
+    return _real[0]
+
+
+def set_nccl_provider(provider: Any | None) -> None:
+    """Use ``provider`` instead of ``cupy.cuda.nccl`` (tests inject a fake); ``None`` restores it.
+
+    Example: ``set_nccl_provider(fake_nccl)`` ... ``set_nccl_provider(None)``.
+    """
+    global _injected
+    if provider is not None:
+        missing = [
+            n for n in ("get_unique_id", "NcclCommunicator", "groupStart", "groupEnd",
+                        "get_version", *NCCL_DTYPE_NAMES.values(), *NCCL_OP_NAMES.values())
+            if not hasattr(provider, n)
+        ]
+        if missing:
+            raise TypeError(
+                f"an NCCL provider needs the names of cupy.cuda.nccl; {provider!r} lacks "
+                f"{', '.join(missing)}"
+            )
+    _injected = provider
+
+
+def _stream_handle(stream: Any, operation: str) -> int:
+    if isinstance(stream, bool) or not isinstance(stream, int | np.integer):
+        raise TypeError(
+            f"{operation}: stream is {stream!r} ({type(stream).__name__}); expected the stream "
+            "handle as an int (CuPy: stream.ptr; 0 is the legacy default stream)"
+        )
+    return int(stream)
+
+
+def _buffer(x: Any, what: str, operation: str, device: int) -> tuple[int, int, np.dtype]:
+    """``(pointer, count, dtype)`` of a contiguous device array on ``device``."""
+    if not is_device_array(x):
+        raise TypeError(
+            f"{operation}: {what} is {type(x).__name__}; expected a device array (CuPy) with "
+            "__cuda_array_interface__"
+        )
+    if not is_c_contiguous(x):
+        raise ValueError(f"{operation}: {what} is not C-contiguous; pass a contiguous copy")
+    try:
+        where = runtime_for(x).device_id(x)
+    except DeviceArrayError:
+        where = device  # no runtime for this array type: NCCL itself will check
+    if where != device:
+        raise ValueError(f"{operation}: {what} is on GPU {where}; expected GPU {device}")
+    cai = x.__cuda_array_interface__
+    return int(cai["data"][0]), math.prod(cai["shape"]), np.dtype(cai["typestr"])
+
+
+def _dtype_code(provider: Any, dtype: np.dtype, operation: str) -> int:
+    name = NCCL_DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise TypeError(
+            f"{operation}: dtype {dtype} has no NCCL type; expected one of "
+            f"{', '.join(str(d) for d in NCCL_DTYPE_NAMES)} (stage other dtypes)"
+        )
+    return int(getattr(provider, name))
+
+
+def _op_code(provider: Any, op: Any, operation: str) -> int:
+    op = ReduceOp.from_any(op)
+    name = NCCL_OP_NAMES.get(op)
+    if name is None:
+        raise ValueError(
+            f"{operation}: op {op.name} is not an NCCL reduction here; expected SUM, MIN or MAX "
+            "(for MEAN, reduce with SUM and divide)"
+        )
+    return int(getattr(provider, name))
+
+
+def _same(a: tuple[int, int, np.dtype], b: tuple[int, int, np.dtype], count: int,
+          names: tuple[str, str], operation: str) -> None:
+    if a[2] != b[2]:
+        raise TypeError(f"{operation}: {names[0]} is {a[2]} but {names[1]} is {b[2]}; expected "
+                        "one dtype")
+    if b[1] != count:
+        raise ValueError(f"{operation}: {names[1]} has {b[1]} elements; expected {count} "
+                         f"({names[0]} has {a[1]})")
+
+
+class NcclComm:
+    """An NCCL communicator of this rank over the ranks of an mpi4py communicator.
+
+    Build it with :meth:`create` (collective). ``rank``/``size`` are those of the
+    MPI communicator, ``device`` the GPU ordinal. Every call enqueues on ``stream``.
+
+    Example: ``nc = NcclComm.create(MPI.COMM_WORLD, 0); nc.allreduce(x, y, "SUM", s.ptr)``.
+    """
+
+    def __init__(self, communicator: Any, provider: Any, rank: int, size: int,
+                 device: int) -> None:
+        self._comm = communicator
+        self._provider = provider
+        self.rank = rank
+        self.size = size
+        self.device = device
+
+    @classmethod
+    def create(cls, mpi_comm: Any, device: int) -> NcclComm:
+        """Collective over ``mpi_comm``: an NCCL communicator of its ranks, this one on ``device``.
+
+        Every rank learns whether all ranks can use NCCL before any waits in NCCL.
+        Example: ``nc = NcclComm.create(MPI.COMM_WORLD, local_rank)``.
+        """
+        device = operator.index(device)
+        rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        provider, error = None, None
+        uid = np.zeros(UNIQUE_ID_BYTES, np.int8)
+        try:
+            provider = nccl_provider()
+            if rank == 0:
+                uid[:] = np.asarray(provider.get_unique_id(), dtype=np.int64)
+        except Exception as exc:
+            error = exc
+        ok = np.zeros(size, np.int8)
+        mpi_comm.Allgather(np.array([error is None], np.int8), ok)
+        if error is not None:
+            if isinstance(error, NcclUnavailableError):
+                raise error
+            raise NcclCallError(
+                f"NCCL get_unique_id failed on rank {rank} of {size}: {error}"
+            ) from error
+        if not ok.all():
+            bad = [int(r) for r in np.flatnonzero(ok == 0)]
+            raise _unavailable(f"rank(s) {bad} of {size} cannot use NCCL (see their errors)")
+        mpi_comm.Bcast(uid, root=0)
+        unique_id = tuple(int(v) for v in uid)
+        token = CREATING_OVER.set(mpi_comm)
+        try:
+            with _on_device(provider, device):
+                communicator = provider.NcclCommunicator(size, unique_id, rank)
+        except Exception as exc:
+            raise NcclCallError(
+                f"NCCL communicator creation failed on rank {rank} of {size} (GPU {device}): "
+                f"{exc}; check that every rank has its own GPU and NCCL_DEBUG=WARN for details"
+            ) from exc
+        finally:
+            CREATING_OVER.reset(token)
+        return cls(communicator, provider, rank, size, device)
+
+    @property
+    def communicator(self) -> Any:
+        """The provider's communicator (a ``cupy.cuda.nccl.NcclCommunicator``); None if closed."""
+        return self._comm
+
+    def supports(self, dtype: Any) -> bool:
+        """Whether NCCL moves ``dtype`` (int8/uint8/int32/uint32/int64/uint64/float16/32/64).
+
+        Example: ``nc.supports("float32")`` is True, ``nc.supports("complex64")`` False.
+        """
+        try:
+            return np.dtype(dtype) in NCCL_DTYPE_NAMES
+        except TypeError:
+            return False
+
+    def _live(self, operation: str) -> Any:
+        if self._comm is None:
+            raise RuntimeError(f"{operation}: this NcclComm is closed; create a new one")
+        return self._comm
+
+    def _run(self, operation: str, dtype: np.dtype, count: int, call: Callable[[], Any]) -> None:
+        if count == 0:  # equal on every rank (checked sizes), so every rank skips
+            return
+        try:
+            call()
+        except Exception as exc:
+            raise NcclCallError(
+                f"NCCL {operation} failed on rank {self.rank} of {self.size} (GPU {self.device}, "
+                f"dtype {dtype}, count {count}): {exc}; check that every rank issues the same "
+                "collectives with the same sizes, and set NCCL_DEBUG=WARN for details"
+            ) from exc
+
+    def allreduce(self, send: Any, recv: Any, op: Any, stream: int) -> None:
+        """``recv = op(send of every rank)`` (``send`` may be ``recv``). Example: see the class."""
+        name = "NcclComm.allreduce"
+        comm, s = self._live(name), _stream_handle(stream, name)
+        a = _buffer(send, "send", name, self.device)
+        b = _buffer(recv, "recv", name, self.device)
+        _same(a, b, a[1], ("send", "recv"), name)
+        dt, code = _dtype_code(self._provider, a[2], name), _op_code(self._provider, op, name)
+        self._run("allreduce", a[2], a[1], lambda: comm.allReduce(a[0], b[0], a[1], dt, code, s))
+
+    def reduce(self, send: Any, recv: Any, op: Any, root: int, stream: int) -> None:
+        """``recv = op(send of every rank)`` on rank ``root`` only. Example: see the class."""
+        name = "NcclComm.reduce"
+        comm, s, root = self._live(name), _stream_handle(stream, name), self._root(root, name)
+        a = _buffer(send, "send", name, self.device)
+        b = _buffer(recv, "recv", name, self.device)
+        _same(a, b, a[1], ("send", "recv"), name)
+        dt, code = _dtype_code(self._provider, a[2], name), _op_code(self._provider, op, name)
+        self._run("reduce", a[2], a[1],
+                  lambda: comm.reduce(a[0], b[0], a[1], dt, code, root, s))
+
+    def broadcast(self, buf: Any, root: int, stream: int) -> None:
+        """``buf`` of rank ``root`` into ``buf`` of every rank (in place). Example: as above."""
+        name = "NcclComm.broadcast"
+        comm, s, root = self._live(name), _stream_handle(stream, name), self._root(root, name)
+        a = _buffer(buf, "buf", name, self.device)
+        dt = _dtype_code(self._provider, a[2], name)
+        self._run("broadcast", a[2], a[1],
+                  lambda: comm.broadcast(a[0], a[0], a[1], dt, root, s))
+
+    def reduce_scatter(self, send: Any, recv: Any, op: Any, stream: int) -> None:
+        """Rank r gets block r of ``op(send of every rank)``; ``send.size == recv.size * size``."""
+        name = "NcclComm.reduce_scatter"
+        comm, s = self._live(name), _stream_handle(stream, name)
+        a = _buffer(send, "send", name, self.device)
+        b = _buffer(recv, "recv", name, self.device)
+        _same(b, a, b[1] * self.size, ("recv", "send"), name)
+        dt, code = _dtype_code(self._provider, a[2], name), _op_code(self._provider, op, name)
+        self._run("reduce_scatter", a[2], b[1],
+                  lambda: comm.reduceScatter(a[0], b[0], b[1], dt, code, s))
+
+    def allgather(self, send: Any, recv: Any, stream: int) -> None:
+        """``recv`` = ``send`` of ranks 0, 1, ... in order; ``recv.size == send.size * size``."""
+        name = "NcclComm.allgather"
+        comm, s = self._live(name), _stream_handle(stream, name)
+        a = _buffer(send, "send", name, self.device)
+        b = _buffer(recv, "recv", name, self.device)
+        _same(a, b, a[1] * self.size, ("send", "recv"), name)
+        dt = _dtype_code(self._provider, a[2], name)
+        self._run("allgather", a[2], a[1], lambda: comm.allGather(a[0], b[0], a[1], dt, s))
+
+    def _root(self, root: int, operation: str) -> int:
+        root = operator.index(root)
+        if not 0 <= root < self.size:
+            raise ValueError(f"{operation}: root is {root}; expected a rank in 0..{self.size - 1}")
+        return root
+
+    def close(self) -> None:
+        """Destroy the NCCL communicator (every rank calls it; calling twice is harmless)."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.destroy()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._comm is None else "open"
+        return f"NcclComm(rank={self.rank}, size={self.size}, device={self.device}, {state})"
+
+
+def _on_device(provider: Any, device: int) -> contextlib.AbstractContextManager[Any]:
+    """``cupy.cuda.Device(device)`` for the real provider; nothing for an injected one."""
+    if _injected is not None and provider is _injected:
+        return contextlib.nullcontext()
+    import cupy
+
+    return cupy.cuda.Device(device)
+
+
+class LocalNcclGroup:
+    """NCCL among several GPUs of this process (``initAll``); calls are grouped.
+
+    Entry ``i`` of every list belongs to ``devices[i]``, which is NCCL rank ``i``.
+    Example: ``g = LocalNcclGroup([0, 1]); g.allreduce([x0, x1], [x0, x1], "SUM", [s0, s1])``.
+    """
+
+    def __init__(self, devices: Sequence[int]) -> None:
+        devs = [operator.index(d) for d in devices]
+        if not devs or len(set(devs)) != len(devs):
+            raise ValueError(f"LocalNcclGroup: devices are {devs}; expected distinct GPU ordinals")
+        self._provider = nccl_provider()
+        try:
+            comms = list(self._provider.NcclCommunicator.initAll(devs))
+        except Exception as exc:
+            raise NcclCallError(f"NCCL initAll over GPUs {devs} failed: {exc}") from exc
+        self.devices = tuple(devs)
+        self._comms: list[Any] | None = comms
+
+    @property
+    def size(self) -> int:
+        """The number of GPUs in the group."""
+        return len(self.devices)
+
+    def _entries(self, operation: str, arrays: Sequence[Any], streams: Sequence[int],
+                 what: str) -> tuple[list[Any], list[tuple[int, int, np.dtype]], list[int]]:
+        if self._comms is None:
+            raise RuntimeError(f"{operation}: this LocalNcclGroup is closed; create a new one")
+        if len(arrays) != self.size or len(streams) != self.size:
+            raise ValueError(
+                f"{operation}: got {len(arrays)} {what} and {len(streams)} streams; expected "
+                f"{self.size} of each (one per device {list(self.devices)})"
+            )
+        bufs = [_buffer(x, f"{what}[{i}]", operation, d)
+                for i, (x, d) in enumerate(zip(arrays, self.devices, strict=True))]
+        for i, b in enumerate(bufs):
+            _same(bufs[0], b, bufs[0][1], (f"{what}[0]", f"{what}[{i}]"), operation)
+        return self._comms, bufs, [_stream_handle(s, operation) for s in streams]
+
+    def allreduce(self, sends: Sequence[Any], recvs: Sequence[Any], op: Any,
+                  streams: Sequence[int]) -> None:
+        """``recvs[i] = op(sends)`` on every device (``sends`` may be ``recvs``)."""
+        name = "LocalNcclGroup.allreduce"
+        comms, a, s = self._entries(name, sends, streams, "sends")
+        _, b, _ = self._entries(name, recvs, streams, "recvs")
+        _same(a[0], b[0], a[0][1], ("sends[0]", "recvs[0]"), name)
+        dt, code = _dtype_code(self._provider, a[0][2], name), _op_code(self._provider, op, name)
+        self._grouped("allreduce", a[0], [
+            (comms[i].allReduce, (a[i][0], b[i][0], a[i][1], dt, code, s[i]))
+            for i in range(self.size)
+        ])
+
+    def broadcast(self, bufs: Sequence[Any], root_index: int, streams: Sequence[int]) -> None:
+        """``bufs[root_index]`` into every ``bufs[i]`` (in place)."""
+        name = "LocalNcclGroup.broadcast"
+        root = operator.index(root_index)
+        if not 0 <= root < self.size:
+            raise ValueError(f"{name}: root_index is {root}; expected 0..{self.size - 1}")
+        comms, a, s = self._entries(name, bufs, streams, "bufs")
+        dt = _dtype_code(self._provider, a[0][2], name)
+        self._grouped("broadcast", a[0], [
+            (comms[i].broadcast, (a[i][0], a[i][0], a[i][1], dt, root, s[i]))
+            for i in range(self.size)
+        ])
+
+    def _grouped(self, operation: str, first: tuple[int, int, np.dtype],
+                 calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+        if first[1] == 0:
+            return
+        failure: tuple[str, BaseException] | None = None
+        try:
+            self._provider.groupStart()
+        except Exception as exc:
+            failure = ("groupStart", exc)
+        if failure is None:
+            for i, (call, args) in enumerate(calls):
+                try:
+                    call(*args)
+                except Exception as exc:
+                    failure = (f"device {self.devices[i]}", exc)
+                    break
+            try:  # always close the group; NCCL reports an enqueue error here, not a hang
+                self._provider.groupEnd()
+            except Exception as exc:
+                failure = failure or ("groupEnd", exc)
+        if failure is not None:
+            raise NcclCallError(
+                f"NCCL {operation} over GPUs {list(self.devices)} failed at {failure[0]} "
+                f"(dtype {first[2]}, count {first[1]}): {failure[1]}"
+            ) from failure[1]
+
+    def close(self) -> None:
+        """Destroy the communicators (calling twice is harmless)."""
+        comms, self._comms = self._comms, None
+        for comm in comms or ():
+            comm.destroy()
+
+    def __repr__(self) -> str:
+        return f"LocalNcclGroup(devices={list(self.devices)})"
+
+
+__all__ = [
+    "CREATING_OVER",
+    "LocalNcclGroup",
+    "NCCL_DTYPE_NAMES",
+    "NCCL_OP_NAMES",
+    "NcclCallError",
+    "NcclComm",
+    "NcclUnavailableError",
+    "nccl_available",
+    "nccl_provider",
+    "set_nccl_provider",
+]
