@@ -205,7 +205,8 @@ def _as_device(x: Any, what: str) -> Any:
         )
     if simulator_enabled() or cuda.is_cuda_ndarray(x):
         return x
-    return cuda.as_cuda_array(x)
+    # No sync on the array's stream: callers launch on the stream that orders the work.
+    return cuda.as_cuda_array(x, sync=False)
 
 
 def _address(x: Any) -> int:
