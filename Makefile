@@ -27,7 +27,7 @@ export NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING ?= 1
 
 MPI_PYTEST := $(PY) -m pytest -q --no-header --color=no -p no:cacheprovider --with-mpi tests/mpi
 
-.PHONY: help install demo test lint unit mpi-test faults docs slurm-test bench clean
+.PHONY: help install demo test lint unit mpi-test faults docs slurm-test gpu-test bench gpu-bench clean
 
 help:
 	@echo "make demo   - install (first time) and run the main job (digits, 2 ranks)"
@@ -35,6 +35,8 @@ help:
 	@echo "make bench  - run the benchmarks, results in benchmarks/results/"
 	@echo "make docs   - build the documentation site (build/site) and test its code blocks"
 	@echo "make slurm-test - start a local SLURM (as root) and run tests/slurm"
+	@echo "make gpu-test   - run tests/gpu (each test says why it skips without a GPU)"
+	@echo "make gpu-bench  - run the GPU benchmarks (needs a GPU), results in benchmarks/results/"
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,7 +75,11 @@ docs: install
 slurm-test: install
 	slurm/local/run-tests.sh
 
-test: lint unit mpi-test faults docs slurm-test
+# Needs an NVIDIA GPU with CuPy; elsewhere every test is skipped with the reason shown (-rs).
+gpu-test: install
+	timeout -k 20 1200 $(PY) -m pytest -q -rs -p no:cacheprovider tests/gpu
+
+test: lint unit mpi-test faults docs slurm-test gpu-test
 	@echo "make test: all passed"
 
 bench: install
@@ -88,6 +94,12 @@ bench: install
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/train_throughput.py
 	timeout -k 20 900 $(MPIRUN) -n 4 $(PY) benchmarks/ps_vs_mwms.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/checked_collectives.py
+
+# On a machine with an NVIDIA GPU (each script exits 2, saying why, without one).
+gpu-bench: install
+	timeout -k 20 900 $(PY) benchmarks/gpu_kernels.py
+	timeout -k 20 900 $(PY) benchmarks/gpu_nccl.py
+	timeout -k 20 900 $(PY) benchmarks/gpu_training.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

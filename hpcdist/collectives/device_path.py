@@ -201,15 +201,15 @@ class DevicePath:
             rt.copy(flat, rt.astype(work, np.dtype(np.float16), stream), stream)
 
     def _staged_reduce(
-        self, comm_engine: Any, flats: list[Any], op: ReduceOp, opts: Any, rt: Any, stream: int,
-        key: Any,
+        self, comm_engine: Any, srcs: list[Any], flats: list[Any], op: ReduceOp, opts: Any,
+        rt: Any, stream: int, key: Any,
     ) -> None:
-        """Reduce device buffers ``flats`` in place through pinned host memory."""
+        """Reduce device buffers ``srcs`` into ``flats`` through pinned host memory."""
         hosts = []
-        for i, flat in enumerate(flats):
+        for i, (src, flat) in enumerate(zip(srcs, flats, strict=True)):
             nbytes = flat.size * np.dtype(flat.dtype).itemsize
             host = self._pinned_for((key, i), nbytes, rt, stream).view(flat.dtype)
-            rt.to_host(host, flat, stream)
+            rt.to_host(host, src, stream)
             hosts.append(host)
         rt.synchronize(stream)  # MPI reads the pinned buffers next
         if comm_engine is None:  # the node leaders' communicator
@@ -237,11 +237,15 @@ class DevicePath:
         if layout is None:
             layout = engine._new_layout(key, items, op, opts)
         route = self._route(opts, rt)
-        flats = []
+        srcs, flats = [], []  # what each group is reduced from, and into
         for group in layout.groups:
             flat = rt.empty(group.total, group.wire, gpu)
             members = [rt.view(items[index], group.wire) for index, _, _ in group.members]
-            rt.pack(members, flat, stream)
+            if len(members) == 1:
+                srcs.append(members[0])  # read in place: no packing copy
+            else:
+                rt.pack(members, flat, stream)
+                srcs.append(flat)
             flats.append(flat)
         wire_op = _wire_op(op)
         if route in ("nccl", "hierarchical") and not all(
@@ -249,31 +253,39 @@ class DevicePath:
         ):
             route = self.last_route = engine.last_device_route = "staged"
         if route == "staged":
-            self._staged_reduce(engine, flats, wire_op, opts, rt, stream, layout.digest)
-        elif route != "copy":
-            self._agree(layout.text, opts)
-            for flat in flats:
-                self._reduce_one(route, flat, wire_op, opts, rt, gpu, stream, layout.digest)
+            self._staged_reduce(engine, srcs, flats, wire_op, opts, rt, stream, layout.digest)
+        else:
+            if route != "copy":
+                self._agree(layout.text, opts)
+            for src, flat in zip(srcs, flats, strict=True):
+                self._reduce_one(route, src, flat, wire_op, opts, rt, gpu, stream, layout.digest)
         return self._unfuse(layout, flats, op, rt, stream, out)
 
-    def _reduce_one(self, route, flat, op, opts, rt, gpu, stream, key) -> None:
+    def _reduce_one(self, route, src, flat, op, opts, rt, gpu, stream, key) -> None:
+        """Reduce device buffer ``src`` into ``flat`` (they may be one buffer) by ``route``."""
         engine = self._engine
-        if route == "mpi-device":
-            self._mpi_reduce(engine.comm, flat, op, opts, rt, stream)
-        elif route == "nccl":
-            self._comm("world", gpu).allreduce(flat, flat, op, stream)
-        else:  # hierarchical
-            top = engine._topo()
-            node = self._comm("node", gpu) if top.node.Get_size() > 1 else None
-            if node is not None:
-                node.reduce(flat, flat, op, 0, stream)
-            if top.leaders is not None:
-                if self.cuda_aware:
-                    self._mpi_reduce(top.leaders, flat, op, opts, rt, stream)
-                else:
-                    self._staged_reduce(None, [flat], op, opts, rt, stream, ("leaders", key))
-            if node is not None:
-                node.broadcast(flat, 0, stream)
+        if route == "nccl":
+            self._comm("world", gpu).allreduce(src, flat, op, stream)
+            return
+        if route != "hierarchical":  # copy, mpi-device
+            if src is not flat:
+                rt.copy(flat, src, stream)
+            if route == "mpi-device":
+                self._mpi_reduce(engine.comm, flat, op, opts, rt, stream)
+            return
+        top = engine._topo()
+        node = self._comm("node", gpu) if top.node.Get_size() > 1 else None
+        if node is not None:
+            node.reduce(src, flat, op, 0, stream)
+        elif src is not flat:
+            rt.copy(flat, src, stream)
+        if top.leaders is not None:
+            if self.cuda_aware:
+                self._mpi_reduce(top.leaders, flat, op, opts, rt, stream)
+            else:
+                self._staged_reduce(None, [flat], [flat], op, opts, rt, stream, ("leaders", key))
+        if node is not None:
+            node.broadcast(flat, 0, stream)
 
     def _unfuse(self, layout, flats, op, rt, stream, out) -> list[Any]:
         size = self._engine.size
