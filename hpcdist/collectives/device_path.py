@@ -39,6 +39,7 @@ Example (needs a GPU)::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,7 +52,7 @@ from hpcdist.collectives.mpi_reduce import reduce_calls
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
-from hpcdist.runtime.device import DeviceRuntime, device_arrays, is_device_array
+from hpcdist.runtime.device import DeviceRuntime, device_arrays, is_device_array, runtime_for
 
 ROUTES = ("copy", "nccl", "mpi-device", "staged", "hierarchical")
 #: The dtypes NCCL reduces (int16, uint16, bool and complex groups are staged or sent as these).
@@ -97,6 +98,23 @@ def has_device_arrays(tensors: Any) -> bool:
         if type(t) is not np.ndarray and is_device_array(t):
             return True
     return False
+
+
+def _on_gpu(method: Any) -> Any:
+    """Run a :class:`DevicePath` method with the GPU of its first device array current, so
+    events, default streams and NCCL calls belong to that GPU."""
+
+    @functools.wraps(method)
+    def wrapper(self: DevicePath, tensors: Any, *args: Any) -> Any:
+        listed = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+        first = next((t for t in listed if is_device_array(t)), None)
+        if first is None:
+            return method(self, tensors, *args)
+        rt = runtime_for(first)
+        with rt.activate(rt.device_id(first)):
+            return method(self, tensors, *args)
+
+    return wrapper
 
 
 def _wire_op(op: ReduceOp) -> ReduceOp:
@@ -226,6 +244,7 @@ class DevicePath:
             self._released((key, i), rt, stream)
 
     # -- allreduce -----------------------------------------------------------------------
+    @_on_gpu
     def allreduce(
         self, tensors: Sequence[Any], op: ReduceOp, opts: CommunicationOptions, out: Any
     ) -> list[Any]:
@@ -335,6 +354,7 @@ class DevicePath:
         return items, rt, gpu, stream
 
     # -- broadcast -----------------------------------------------------------------------
+    @_on_gpu
     def broadcast(self, tensors: Sequence[Any], root: int, opts: CommunicationOptions) -> list:
         """The engine's broadcast for device arrays: one flat byte buffer, one call."""
         engine = self._engine
@@ -369,6 +389,7 @@ class DevicePath:
         return out
 
     # -- allgather and reduce_scatter ----------------------------------------------------
+    @_on_gpu
     def allgather(self, tensor: Any, axis: int, opts: CommunicationOptions) -> Any:
         """The engine's allgather for a device array: NCCL when every rank has the same
         shape and ``axis`` is 0, else through pinned host memory and the host path."""
@@ -393,6 +414,7 @@ class DevicePath:
         host = self._to_pinned_copy(x, rt, stream)
         return rt.to_device(engine.allgather(host, axis, opts), gpu, stream)
 
+    @_on_gpu
     def reduce_scatter(self, tensor: Any, op: ReduceOp, opts: CommunicationOptions) -> Any:
         """The engine's reduce_scatter for a device array: NCCL when the rows split evenly
         (and the dtype is NCCL's), else through pinned host memory and the host path."""

@@ -45,7 +45,14 @@ that the pipeline's work fills the wait:
   ``from_generator`` source, a ``dataset_fn`` result that is neither a
   ``Dataset`` nor a list or tuple (a generator, a ``DataLoader``: code that
   may wait on I/O or worker processes), or a node type hpcdist does not know;
-* a copy to a GPU replica.
+* a copy to a GPU replica. The thread then copies each batch from pinned
+  host memory on a side stream of its GPU, and the stream that is current
+  in the caller's thread when ``get_next`` hands the batch out waits for
+  that copy on the GPU (an event, no host wait): the copy overlaps the
+  previous step's kernels and never races them
+  (:class:`hpcdist.distribute.streams.PrefetchCopier`). Without the thread
+  (``experimental_per_replica_buffer_size=0``) the copy is a plain
+  synchronous one in the caller's thread.
 
 Otherwise (one worker, arrays in memory: ``from_tensor_slices``, ``range``,
 ``shuffle``, ``batch``, a plain ``map`` or ``filter``...) each step is read in
@@ -206,16 +213,23 @@ def _layout(
 class _Step:
     """One step of this worker's pipeline: a value (or ``_MISSING``) per local replica."""
 
-    __slots__ = ("values", "template", "has_elements", "missing", "bare")
+    __slots__ = ("values", "template", "has_elements", "missing", "bare", "events")
 
     def __init__(
-        self, values: list[Any], template: Any, has_elements: bool, missing: bool, bare: bool
+        self,
+        values: list[Any],
+        template: Any,
+        has_elements: bool,
+        missing: bool,
+        bare: bool,
+        events: list[Any] | None = None,
     ) -> None:
         self.values = values
         self.template = template  # an empty host batch shaped like the values, or None
         self.has_elements = has_elements
         self.missing = missing  # some replica has no value in this step
         self.bare = bare  # every value is a NumPy array (no nest to regroup)
+        self.events = events  # (gpu, event) of copies still in flight (prefetch to GPU)
 
 
 class _Failure:
@@ -249,8 +263,13 @@ def _steps(
     num_replicas: int,
     place: Callable[[int, Any], Any] | None,
     count_elements: bool,
+    copier: Any = None,
 ) -> Iterator[_Step]:
-    """Steps from ``groups()`` (lists of up to R values, ``_MISSING`` allowed), placed."""
+    """Steps from ``groups()`` (lists of up to R values, ``_MISSING`` allowed), placed.
+
+    With a ``copier`` (a :class:`~hpcdist.distribute.streams.PrefetchCopier`
+    behind ``place``) each step carries the events of its copies.
+    """
     template = None
     it = groups()
     try:
@@ -273,17 +292,30 @@ def _steps(
             if place is not None:
                 values = [v if v is _MISSING else place(i, v) for i, v in enumerate(values)]
                 bare = False
-            yield _Step(values, template, has_elements, missing, bare)
+            events = copier.take_events() if copier is not None else None
+            yield _Step(values, template, has_elements, missing, bare, events)
     finally:
         _closing(it)
 
 
-def _placer(layout: _Layout, options: InputOptions) -> Callable[[int, Any], Any] | None:
-    """What copies a replica's batch to its device; ``None`` when nothing needs copying."""
+def _placer(
+    layout: _Layout, options: InputOptions, copier: Any = None
+) -> Callable[[int, Any], Any] | None:
+    """What copies a replica's batch to its device; ``None`` when nothing needs copying.
+
+    With a ``copier`` (the prefetch thread's) the copies are asynchronous.
+    """
     fetch = options.experimental_fetch_to_device
     fetch = fetch and not options.experimental_place_dataset_on_device
     if not fetch or all(kind == "CPU" for kind, _ in layout.devices):
         return None
+    if copier is not None:
+
+        def place_async(i: int, value: Any) -> Any:
+            kind, index = layout.devices[i]
+            return value if kind != "GPU" else copier.copy(value, i, index)
+
+        return place_async
 
     def place(i: int, value: Any) -> Any:
         kind, index = layout.devices[i]
@@ -462,6 +494,12 @@ class _Prefetcher:
             self.thread.join(timeout=1.0)
 
 
+def _close_all(source: Any, copier: Any) -> None:
+    """Stop the prefetch thread, then wait until its staging buffers are read."""
+    source.close()
+    copier.close()
+
+
 class _Synchronous:
     """The local pipeline read in the caller's thread, one step when it is asked for."""
 
@@ -623,17 +661,27 @@ class DistributedIterator:
         # Before anything iterates: the counters this iteration will use (for checkpoints).
         self._counts = [iteration_counts(s) for s in dataset._sources]
         self._steps_taken = 0
+        self._copier = None
+        if dataset._read_ahead and _placer(layout, dataset._options) is not None:
+            from hpcdist.distribute.streams import PrefetchCopier
+
+            gpus = [index for kind, index in layout.devices if kind == "GPU"]
+            self._copier = PrefetchCopier(gpus)  # in this (the consumer's) thread: its streams
         steps = _steps(
             dataset._groups,
             layout.num_replicas,
-            _placer(layout, dataset._options),
+            _placer(layout, dataset._options, self._copier),
             dataset._count_elements,
+            self._copier,
         )
         depth = dataset._options.experimental_per_replica_buffer_size
         self._source: _Prefetcher | _Synchronous = (
             _Prefetcher(steps, depth + 1) if dataset._read_ahead else _Synchronous(steps)
         )
-        self._finalizer = weakref.finalize(self, self._source.close)
+        if self._copier is None:
+            self._finalizer = weakref.finalize(self, self._source.close)
+        else:
+            self._finalizer = weakref.finalize(self, _close_all, self._source, self._copier)
         self._template: Any = None
         self._local_done = False
         self._done = False
@@ -789,6 +837,8 @@ class DistributedIterator:
 
     def _assemble(self, step: _Step | None) -> Any:
         r = self._layout.num_replicas
+        if step is not None and step.events:
+            self._copier.hand_out(step.events)  # type: ignore[union-attr]
         if step is not None and not step.missing:
             values, bare = step.values, step.bare
         else:

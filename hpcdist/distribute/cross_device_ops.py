@@ -3,10 +3,11 @@
 * :class:`ReductionToOneDevice`: copy every value to one device, reduce there,
   copy the result back to each destination (the CPU default).
 * :class:`HierarchicalCopyAllReduce` and :class:`NcclAllReduce`: the GPU
-  choices of ``MirroredStrategy``. Both split the tensors into ``num_packs``
-  packs. Their arithmetic is the same as ``ReductionToOneDevice``'s, in
-  replica order, so every choice gives bitwise-identical results; the GPU
-  issue gives ``NcclAllReduce`` NCCL's own kernels.
+  choices of ``MirroredStrategy``. On host (NumPy) values their arithmetic
+  is the same as ``ReductionToOneDevice``'s, in replica order, so every
+  choice gives bitwise-identical results. On CuPy values, one per local GPU,
+  reduced to those same GPUs, ``NcclAllReduce`` runs an NCCL all-reduce
+  instead (see its docstring): that result is not bitwise identical.
 
 Reduction between workers (MPI ranks) is not done here but by the
 collectives engine (:mod:`hpcdist.collectives`).
@@ -23,10 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from hpcdist.arrays import asarray, to_device
 from hpcdist.collectives.ops import ReduceOp, reduce_arrays
 from hpcdist.distribute.devices import Device, parse_device
 from hpcdist.distribute.values import DistributedValues, Mirrored, local_results
+from hpcdist.runtime.device import DeviceArrayError, is_c_contiguous, is_device_array, runtime_for
 
 
 def destination_devices(
@@ -174,8 +178,117 @@ class HierarchicalCopyAllReduce(_PackedAllReduce):
 class NcclAllReduce(_PackedAllReduce):
     """NCCL all-reduce among local GPUs (the default of ``MirroredStrategy`` on GPUs).
 
+    :meth:`reduce` (and :meth:`batch_reduce`, pair by pair) takes the **NCCL
+    route** when the values are device arrays (CuPy), one per GPU on distinct
+    GPUs, all of one shape and an NCCL dtype (int8, uint8, int32, uint32,
+    int64, uint64, float16, float32, float64), C-contiguous, the destinations
+    are exactly those GPUs (in any order), and NCCL can be used
+    (``hpcdist.collectives.nccl.nccl_available()``). Then one grouped NCCL
+    all-reduce (a ``LocalNcclGroup``, made once per tuple of GPUs and kept)
+    runs on each GPU's current stream of the calling thread, ``MEAN`` sums
+    and divides afterwards, and the result is a ``Mirrored`` with one copy per
+    destination, each on its own GPU; nothing waits on the host. NCCL sums in
+    its own order (ring or tree), so the result may differ from the replica-order
+    sum in the last bits: the bitwise-identical promise of the host path does
+    not hold here. Otherwise (host values, other destinations, a dtype NCCL
+    lacks, NCCL unavailable) it takes the **arithmetic route**: the
+    ``ReductionToOneDevice`` arithmetic in replica order. ``last_route`` says
+    which one the last call took (``"nccl"`` or ``"arithmetic"``).
+    ``num_packs`` does not change the NCCL route: each value is one NCCL call
+    (the optimizers already hand over one flat buffer per dtype).
+
     Example: ``MirroredStrategy(["/gpu:0", "/gpu:1"], cross_device_ops=NcclAllReduce())``.
     """
+
+    def __init__(self, num_packs: int = 1) -> None:
+        super().__init__(num_packs)
+        self._groups: dict[tuple[int, ...], Any] = {}
+        self.last_route: str | None = None
+
+    def reduce(
+        self,
+        reduce_op: ReduceOp | str,
+        per_replica_value: Any,
+        destinations: Any,
+        options: Any = None,
+    ) -> Any:
+        """Reduce over the local replicas; with NCCL on the GPUs when the class docstring says.
+
+        Example: ``NcclAllReduce().reduce("SUM", per_replica_gpu_values, ["/gpu:0", "/gpu:1"])``.
+        """
+        op = ReduceOp.from_any(reduce_op)
+        values = _components(per_replica_value)
+        if all(is_device_array(v) for v in values):
+            dests = destination_devices(destinations)
+            result = self._nccl_reduce(op, values, dests)
+            if result is not None:
+                self.last_route = "nccl"
+                return result
+        self.last_route = "arithmetic"
+        return super().reduce(op, per_replica_value, destinations, options)
+
+    def _nccl_reduce(
+        self, op: ReduceOp, values: Sequence[Any], dests: Sequence[Device]
+    ) -> Any | None:
+        """The NCCL route's result (a ``Mirrored`` over ``dests``); ``None``: not this route."""
+        k = len(values)
+        if k < 2 or len(dests) != k or any(d.device_type != "GPU" for d in dests):
+            return None
+        try:
+            rt = runtime_for(values[0])
+            gpus = tuple(rt.device_id(v) for v in values)
+        except DeviceArrayError:
+            return None
+        first = values[0]
+        same = all(
+            runtime_for(v) is rt
+            and tuple(v.shape) == tuple(first.shape)
+            and v.dtype == first.dtype
+            and is_c_contiguous(v)
+            for v in values
+        )
+        if not same or np.dtype(first.dtype) not in _NCCL_DTYPES:
+            return None
+        if len(set(gpus)) != k or set(gpus) != {d.index for d in dests}:
+            return None
+        try:
+            from hpcdist.collectives.nccl import LocalNcclGroup, nccl_available
+        except ImportError:
+            return None
+        if not nccl_available()[0]:
+            return None
+        group = self._groups.get(gpus)
+        if group is None:
+            group = self._groups[gpus] = LocalNcclGroup(gpus)
+        streams = [rt.current_stream(g) for g in gpus]
+        shape, dtype = tuple(first.shape), np.dtype(first.dtype)
+        recvs = [rt.view(rt.empty(first.size, dtype, g), dtype, shape) for g in gpus]
+        nccl_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        group.allreduce(list(values), recvs, nccl_op, streams)
+        if op is ReduceOp.MEAN:
+            recvs = [rt.divide(r, k, s) for r, s in zip(recvs, streams, strict=True)]
+        on_gpu = dict(zip(gpus, recvs, strict=True))
+        mirrored = Mirrored(tuple(on_gpu[d.index] for d in dests))
+        mirrored._devices = tuple(dests)
+        return mirrored
+
+    def close(self) -> None:
+        """Destroy the NCCL communicators this object made (they are made again when needed).
+
+        Example: ``ops.close()`` before the GPUs are handed to another library.
+        """
+        groups, self._groups = self._groups, {}
+        for group in groups.values():
+            group.close()
+
+
+_NCCL_DTYPES = frozenset(
+    np.dtype(t)
+    for t in (
+        np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64,
+        np.float16, np.float32, np.float64,
+    )
+)
 
 
 def default_cross_device_ops(devices: Sequence[Device]) -> CrossDeviceOps:

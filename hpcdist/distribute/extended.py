@@ -25,7 +25,7 @@ from typing import Any
 
 from hpcdist.arrays import array_module, as_result, asarray, is_array, to_device
 from hpcdist.collectives.ops import ReduceOp, divide_mean
-from hpcdist.distribute import context, nest
+from hpcdist.distribute import context, nest, streams
 from hpcdist.distribute.cross_device_ops import (
     CrossDeviceOps,
     default_cross_device_ops,
@@ -36,6 +36,7 @@ from hpcdist.distribute.devices import Device
 from hpcdist.distribute.replica_context import ReplicaContext
 from hpcdist.distribute.replica_threads import Runner
 from hpcdist.distribute.strategy import ValueContext, require_cross_replica
+from hpcdist.distribute.streams import ReplicaStreams
 from hpcdist.distribute.values import (
     DistributedValues,
     Mirrored,
@@ -43,6 +44,7 @@ from hpcdist.distribute.values import (
     regroup,
     select_replica,
 )
+from hpcdist.runtime.device import is_device_array
 
 
 class StrategyExtended:
@@ -79,6 +81,9 @@ class StrategyExtended:
         self._distributed_variables = distributed_variables
         self._between_graph = between_graph
         self._variable_device: Device | None = self._devices[0]
+        # One stream per replica for several local GPUs (streams are made on first use).
+        gpus = any(d.device_type == "GPU" for d in self._devices)
+        self._streams = ReplicaStreams(self._devices) if gpus and len(self._devices) > 1 else None
         self._runner = Runner(self)
         self._default_ctx: ReplicaContext | None = None
 
@@ -133,13 +138,31 @@ class StrategyExtended:
 
     @contextlib.contextmanager
     def _device_scope(self, local_id: int) -> Iterator[None]:
+        """Where replica ``local_id`` runs: its GPU, and its own stream when there are several.
+
+        With one local replica the caller's current stream of the GPU stays
+        current (the collectives engine enqueues there too). CPU: nothing.
+        """
+        if self._streams is not None:
+            with self._streams.scope(local_id):
+                yield
+            return
+        with self._main_device_scope(local_id):
+            yield
+
+    @contextlib.contextmanager
+    def _main_device_scope(self, local_id: int) -> Iterator[None]:
+        """Replica ``local_id``'s GPU current, on the calling thread's own stream of it.
+
+        For work the calling (main) thread does on a replica's device, e.g. a
+        variable update in a merge call: it stays on the main thread's stream,
+        which the replica streams are ordered with at merge points.
+        """
         device = self._devices[local_id]
         if device.device_type != "GPU":
             yield
             return
-        import cupy
-
-        with cupy.cuda.Device(device.index):
+        with streams.cupy_module().cuda.Device(device.index):
             yield
 
     def call_for_each_replica(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
@@ -250,7 +273,29 @@ class StrategyExtended:
         return nest.pack_sequence_as(value, self._reduce_leaves(op, leaves))
 
     def _all_reduce_leaves(self, op: ReduceOp, leaves: list[Any], options: Any) -> list[Any]:
+        if self._streams is not None and self._num_workers == 1:
+            done = [self._local_gpu_reduce(op, leaf, self._devices) for leaf in leaves]
+            rest = [leaf for leaf, r in zip(leaves, done, strict=True) if r is _UNHANDLED]
+            reduced = iter(self._reduce_leaves(op, rest, options) if rest else ())
+            return [
+                place(next(reduced), self._devices) if r is _UNHANDLED else r for r in done
+            ]
         return [place(r, self._devices) for r in self._reduce_leaves(op, leaves, options)]
+
+    def _local_gpu_reduce(self, op: ReduceOp, value: Any, dests: Sequence[Device]) -> Any:
+        """The cross-device ops' ``reduce`` of a ``PerReplica`` of GPU arrays, else _UNHANDLED.
+
+        Only for several local GPUs and one worker: then ``NcclAllReduce``
+        reduces with NCCL on the GPUs (its docstring says when); every other
+        value goes the usual way (:meth:`_reduce_leaves`).
+        """
+        if self._streams is None or self._num_workers != 1:
+            return _UNHANDLED
+        if type(value) is not PerReplica or len(value.values) != self._num_local_replicas:
+            return _UNHANDLED
+        if not all(is_device_array(v) for v in value.values):
+            return _UNHANDLED
+        return self._cross_device_ops.reduce(op, value, tuple(dests))
 
     def reduce_to(
         self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None
@@ -263,6 +308,9 @@ class StrategyExtended:
         require_cross_replica(self._strategy, "extended.reduce_to")
         op = ReduceOp.from_any(reduce_op)
         dests = destination_devices(destinations, self._devices)
+        done = self._local_gpu_reduce(op, value, dests)
+        if done is not _UNHANDLED:
+            return done
         return place(self._reduce_leaves(op, [value], options)[0], dests)
 
     def batch_reduce_to(
@@ -282,10 +330,13 @@ class StrategyExtended:
             raise ValueError(
                 "value_destination_pairs must be a list of (value, destinations) pairs"
             )
-        reduced = self._reduce_leaves(op, [v for v, _ in pairs], options)
+        dests = [destination_devices(d, self._devices) for _, d in pairs]
+        done = [self._local_gpu_reduce(op, v, ds) for (v, _), ds in zip(pairs, dests, strict=True)]
+        rest = [v for (v, _), r in zip(pairs, done, strict=True) if r is _UNHANDLED]
+        reduced = iter(self._reduce_leaves(op, rest, options) if rest else ())
         return [
-            place(r, destination_devices(d, self._devices))
-            for r, (_, d) in zip(reduced, pairs, strict=True)
+            place(next(reduced), ds) if r is _UNHANDLED else r
+            for r, ds in zip(done, dests, strict=True)
         ]
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
@@ -384,7 +435,7 @@ class StrategyExtended:
             return fn(var, *args, **kwargs)
         results = []
         for i, component in enumerate(var.values):
-            with self._device_scope(i):
+            with self._main_device_scope(i):
                 results.append(fn(component, *select_replica(i, args), **select_replica(i, kwargs)))
         if all(r is c for r, c in zip(results, var.values, strict=True)):
             return var
@@ -480,6 +531,9 @@ class StrategyExtended:
         if self._num_workers > 1:
             return self._collectives.broadcast([value], root=0)[0]
         return value
+
+
+_UNHANDLED = object()  # _local_gpu_reduce: this value goes the usual way
 
 
 def _is_float(x: Any) -> bool:

@@ -8,6 +8,14 @@ context, and hands each replica its part of the result. So all MPI traffic
 happens on the calling thread, one collective at a time, in the same order
 on every worker.
 
+With several local GPUs each replica runs on its own CUDA stream
+(:mod:`hpcdist.distribute.streams`). Events order them with the calling
+thread at every hand-over, with no host synchronisation: before the merge
+function runs (and when the replicas return) the calling thread's streams
+wait for the replicas' work so far (*hand-off*); after the merge result is
+handed over (and before a run starts) the replica streams wait for the
+calling thread's work so far (*hand-back*). CPU replicas skip all of it.
+
 If a replica raises, the others are stopped at their next merge point and the
 exception is re-raised on the calling thread. Replicas that disagree (one
 returns while another waits in a merge call, or they call different
@@ -133,6 +141,9 @@ class Runner:
             self._lock.release()
 
     def _run(self, replicas: list[_Replica], fn: Callable, args: tuple, kwargs: dict) -> Any:
+        streams = getattr(self.extended, "_streams", None)
+        if streams is not None:
+            streams.hand_back_all()  # inputs, variables: what this thread enqueued before the run
         for r in replicas:
             r.reset()
             r.job = (
@@ -151,6 +162,7 @@ class Runner:
         return regroup(results)
 
     def _loop(self, threads: list[_Replica]) -> None:
+        streams = getattr(self.extended, "_streams", None)
         for t in threads:
             t.should_run.set()
         while True:
@@ -161,10 +173,14 @@ class Runner:
             if failed:
                 error, failed[0].error = failed[0].error, None
                 raise error  # type: ignore[misc]
+            if streams is not None:
+                streams.hand_off_all()  # the replicas' work so far, before this thread's
             if all(t.done for t in threads):
                 return
             self._check_same_merge(threads)
             self._do_merge(threads)
+            if streams is not None:
+                streams.hand_back_all()  # the merge's work, before the replicas' next
             for t in threads:
                 t.should_run.set()
 

@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from hpcdist.kernels.cuda import _as_device, _is_c_contiguous, _launch_config
 
@@ -208,10 +208,27 @@ def device_context(index: int) -> Any:
     return cuda.gpus[int(index)]
 
 
+def _resolve(stream: Any) -> Any:
+    """``stream``; for the default ``0``, CuPy's current stream when CuPy is in use.
+
+    So updates run in order with the caller's CuPy work (a replica's own stream
+    under ``MirroredStrategy``) rather than on the legacy default stream.
+    """
+    if not (isinstance(stream, int) and stream == 0) or config.ENABLE_CUDASIM:
+        return stream
+    import sys
+
+    cupy = sys.modules.get("cupy")  # CuPy arrays imply it is imported
+    if cupy is None:
+        return stream
+    ptr = int(cupy.cuda.get_current_stream().ptr)
+    return cuda.external_stream(ptr) if ptr else stream
+
+
 def _launch(kernel: Any, n: int, stream: Any, *args: Any) -> None:
     if n:
         blocks, threads = _launch_config(n)
-        kernel[blocks, threads, stream](*args)
+        kernel[blocks, threads, _resolve(stream)](*args)
 
 
 def sgd(p_in: Any, p_out: Any, g: Any, hyper: Any, stream: Any = 0) -> None:
@@ -283,6 +300,7 @@ def sum_squares(g: Any, stream: Any = 0) -> float:
     Example: ``math.sqrt(sum_squares(g))`` is the L2 norm of ``g``.
     """
     (g,) = _flat("sum_squares", {"g": g})
+    stream = _resolve(stream)
     out = cuda.to_device(np.zeros(1, np.float64), stream=stream)
     _launch(_sum_squares_kernel, g.shape[0], stream, g, out)
     return float(out.copy_to_host(stream=stream)[0])

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -143,6 +144,10 @@ class DeviceRuntime:
         """A page-locked host buffer of ``nbytes`` (uint8) for asynchronous copies."""
         raise NotImplementedError
 
+    def activate(self, device: int) -> contextlib.AbstractContextManager[Any]:
+        """A context in which ``device`` is the current GPU (events, default streams)."""
+        return contextlib.nullcontext()
+
     def to_device(self, host: np.ndarray, device: int, stream: int) -> Any:
         """A new device array holding a copy of ``host`` (its shape and dtype)."""
         flat = self.empty(host.size, host.dtype, device)
@@ -172,6 +177,9 @@ class CupyRuntime(DeviceRuntime):
 
     def device_id(self, x: Any) -> int:
         return int(x.device.id)
+
+    def activate(self, device: int) -> contextlib.AbstractContextManager[Any]:
+        return self._cp.cuda.Device(device)
 
     def current_stream(self, device: int) -> int:
         with self._cp.cuda.Device(device):
