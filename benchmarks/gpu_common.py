@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.bench.gpu_spin import spin_kernel
 from hpcdist.bench.report import save_report
 
 #: Where the results go by default: ``benchmarks/results``.
@@ -43,15 +44,6 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 #: The exit code of a benchmark that cannot run here (no usable GPU, no NCCL).
 EXIT_NO_GPU = 2
 
-SPIN_SOURCE = r"""
-extern "C" __global__ void hpcdist_spin(unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-}
-"""
 
 __all__ = [
     "EXIT_NO_GPU",
@@ -270,17 +262,6 @@ def machine_info(cp: Any = None, device: int = 0) -> dict[str, Any]:
     return info
 
 
-_SPIN_KERNELS: dict[int, Any] = {}
-
-
-def _spin_kernel(cp: Any) -> Any:
-    device = cp.cuda.Device().id
-    kernel = _SPIN_KERNELS.get(device)
-    if kernel is None:
-        kernel = _SPIN_KERNELS[device] = cp.RawKernel(SPIN_SOURCE, "hpcdist_spin")
-    return kernel
-
-
 def event_seconds(
     cp: Any, stream: Any, call: Callable[[], Any], iters: int, spin_seconds: float = 0.0
 ) -> tuple[float, float]:
@@ -296,7 +277,7 @@ def event_seconds(
     end = cp.cuda.Event()
     with stream:
         if spin_seconds > 0:
-            _spin_kernel(cp)((1,), (1,), (np.uint64(int(spin_seconds * 1e9)),))
+            spin_kernel(cp)((1,), (1,), (np.uint64(int(spin_seconds * 1e9)),))
         start.record(stream)
         t0 = time.perf_counter()
         for _ in range(iters):

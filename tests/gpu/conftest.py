@@ -27,15 +27,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 
-_SPIN_SOURCE = r"""
-extern "C" __global__ void hpcdist_spin(unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-}
-"""
 
 
 def _visible() -> str:
@@ -157,10 +148,6 @@ def spin(cp: Any) -> Callable[[Any, float], None]:
     Work enqueued after it on the same stream starts only when it ends, so a test
     can check that a call returned while its work was still queued (``not stream.done``).
     """
-    kernel = cp.RawKernel(_SPIN_SOURCE, "hpcdist_spin")
+    from hpcdist.bench.gpu_spin import spin
 
-    def run(stream: Any, seconds: float) -> None:
-        with stream:
-            kernel((1,), (1,), (cp.uint64(int(seconds * 1e9)),))
-
-    return run
+    return lambda stream, seconds: spin(cp, stream, seconds)
