@@ -49,18 +49,13 @@ from hpcdist.collectives import choice
 from hpcdist.collectives.metadata import describe_arrays, signature_hash
 from hpcdist.collectives.mpi_backend import drive
 from hpcdist.collectives.mpi_reduce import reduce_calls
+from hpcdist.collectives.nccl import NCCL_DTYPE_NAMES, NcclComm, nccl_available
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.runtime.device import DeviceRuntime, device_arrays, is_device_array, runtime_for
 
 ROUTES = ("copy", "nccl", "mpi-device", "staged", "hierarchical")
-#: The dtypes NCCL reduces (int16, uint16, bool and complex groups are staged or sent as these).
-NCCL_DTYPES = frozenset(
-    np.dtype(name)
-    for name in ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
-                 "float64")
-)
 
 
 def choose_route(asked: CI, size: int, nccl_ok: bool, cuda_aware: bool) -> str:
@@ -139,15 +134,10 @@ class DevicePath:
         self.last_route: str | None = None
 
     # -- helpers -------------------------------------------------------------------------
-    def _nccl_ok(self) -> bool:
-        from hpcdist.collectives.nccl import nccl_available
-
-        return nccl_available()[0]
-
     def _route(self, opts: CommunicationOptions, rt: DeviceRuntime) -> str:
         asked = opts.implementation
         wants = asked in (CI.AUTO, CI.HIERARCHICAL) and self._engine.size > 1
-        nccl_ok = wants and self._nccl_ok()
+        nccl_ok = wants and nccl_available()[0]
         route = choose_route(asked, self._engine.size, nccl_ok, self.cuda_aware)
         if route == "hierarchical" and self._engine._topo(opts.timeout_seconds).nodes == 1:
             route = "nccl"  # one node: the node's NCCL communicator is the whole one
@@ -157,8 +147,6 @@ class DevicePath:
 
     def _comm(self, scope: str, device: int) -> Any:
         """The NCCL communicator of ``scope`` ("world" or "node") on GPU ``device``."""
-        from hpcdist.collectives.nccl import NcclComm
-
         key = (scope, device)
         comm = self._nccl.get(key)
         if comm is None:
@@ -268,7 +256,7 @@ class DevicePath:
             flats.append(flat)
         wire_op = _wire_op(op)
         if route in ("nccl", "hierarchical") and not all(
-            g.wire in NCCL_DTYPES for g in layout.groups
+            g.wire in NCCL_DTYPE_NAMES for g in layout.groups
         ):
             route = self.last_route = engine.last_device_route = "staged"
         if route == "staged":

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.arrays import asarray, to_device
+from hpcdist.collectives.nccl import NCCL_DTYPE_NAMES
 from hpcdist.collectives.ops import ReduceOp, reduce_arrays
 from hpcdist.distribute.devices import Device, parse_device
 from hpcdist.distribute.values import DistributedValues, Mirrored, local_results
@@ -247,7 +248,7 @@ class NcclAllReduce(_PackedAllReduce):
             and is_c_contiguous(v)
             for v in values
         )
-        if not same or np.dtype(first.dtype) not in _NCCL_DTYPES:
+        if not same or np.dtype(first.dtype) not in NCCL_DTYPE_NAMES:
             return None
         if len(set(gpus)) != k or set(gpus) != {d.index for d in dests}:
             return None
@@ -281,14 +282,6 @@ class NcclAllReduce(_PackedAllReduce):
         for group in groups.values():
             group.close()
 
-
-_NCCL_DTYPES = frozenset(
-    np.dtype(t)
-    for t in (
-        np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64,
-        np.float16, np.float32, np.float64,
-    )
-)
 
 
 def default_cross_device_ops(devices: Sequence[Device]) -> CrossDeviceOps:
