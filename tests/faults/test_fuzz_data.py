@@ -23,7 +23,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import hpcdist.data.dataset as dsmod
@@ -219,7 +219,7 @@ def _model(args: tuple[Any, ...], ops: list[tuple[str, tuple[Any, ...]]]) -> Mod
         elif op == "batch":
             model.batch(int(params[0]), params[1])
         elif op == "repeat":
-            model.repeat(int(params[0]))
+            model.repeat(-1 if params[0] is None else int(params[0]))  # None: forever, as TF
         elif op == "shuffle":
             model.shuffle()
     return model
@@ -235,13 +235,15 @@ def _elements(ds: Dataset) -> list[Any]:
 
 @FUZZ
 @given(pipelines())
+@example(((0,), [("repeat", (None,))]))  # repeat(None) repeats forever; once found by the fuzzer
+@example(((3,), [("repeat", (None,)), ("take", (7,))]))
 def test_pipeline_arguments_are_typed_errors_or_exact_elements(case: Any) -> None:
     args, ops = case
     ds = typed(lambda: _build(args, ops))
     event(f"pipeline: {'built' if ds is not None else 'refused'}")
     if ds is None:
         return
-    # Every argument of a built pipeline is a good integer within int64.
+    # Every argument of a built pipeline is a good integer within int64 (or repeat's None).
     model = _model(args, ops)
     card = typed(ds.cardinality)
     assert card is not None, "cardinality() of a built pipeline must not fail"
