@@ -47,6 +47,7 @@ from hpcdist.distribute.coordinator.remote_value import (
     check_dataset_fn,
     check_schedule,
 )
+from hpcdist.runtime.failures import register_exit_guard
 
 #: ``schedule`` blocks while more closures than this wait for a worker.
 CLOSURE_QUEUE_MAX_SIZE = 256
@@ -136,6 +137,7 @@ class ClusterCoordinator:
             strategy._cluster_coordinator = self
         except AttributeError:
             pass
+        register_exit_guard()  # no-op when the world already registered it
         atexit.register(self._shutdown)
 
     def _setup(self) -> None:

@@ -33,6 +33,7 @@ from hpcdist.distribute.coordinator.remote_value import (
     check_schedule,
     resolve_per_worker,
 )
+from hpcdist.runtime.failures import register_exit_guard
 
 
 class WorkerCoordinator(cc.ClusterCoordinator):
@@ -58,6 +59,7 @@ class WorkerCoordinator(cc.ClusterCoordinator):
             strategy._cluster_coordinator = self
         except AttributeError:
             pass
+        register_exit_guard()  # no-op when the world already registered it
         atexit.register(self._shutdown)
 
     # -- the public API (same as the chief's)

@@ -21,12 +21,13 @@ MPIRUN = Path(sys.executable).parent / "mpirun"
 SCRIPT = r"""
 import os, signal, sys, time
 import numpy as np
-from hpcdist.runtime import mpi
+from hpcdist.runtime import mpi, world
 from hpcdist.distribute.ps import protocol as P
 from hpcdist.distribute.ps.client import PSClient
 from hpcdist.distribute.ps.server import serve
 
 MPI = mpi()
+world()  # as a strategy does: registers the exit guard that skips MPI_Finalize after a failure
 comm = MPI.COMM_WORLD.Dup()
 rank = comm.Get_rank()
 if rank == 0:

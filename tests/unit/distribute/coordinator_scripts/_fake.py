@@ -14,6 +14,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+import hpcdist.runtime
 from hpcdist.distribute.ps.roles import PSRoles
 
 
@@ -21,6 +22,9 @@ class FakeStrategy:
     """What ClusterCoordinator reads: ``extended._roles``, ``extended._coordination_comm``."""
 
     def __init__(self, chief: bool = True) -> None:
+        # As the real strategies do: building the world first registers hpcdist's exit guard
+        # (skip MPI_Finalize after a failed rank) before any other exit handler.
+        hpcdist.runtime.world()
         world = MPI.COMM_WORLD
         rank, size = world.Get_rank(), world.Get_size()
         first = 1 if chief else 0
