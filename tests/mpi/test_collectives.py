@@ -344,14 +344,14 @@ def test_timeout_when_a_rank_is_late_then_the_late_call_completes(c, operation):
 
     c.barrier()
     if c.rank == late:
-        time.sleep(0.7)  # skip the collective for a while, then join it
+        time.sleep(1.2)  # skip the collective for a while, then join it
         check(run(CommunicationOptions(timeout_seconds=60.0)))
     else:
         start = time.monotonic()
         with pytest.raises(CollectiveTimeoutError) as info:
             run(CommunicationOptions(timeout_seconds=0.2))
         elapsed = time.monotonic() - start
-        assert 0.2 <= elapsed < 0.65, elapsed
+        assert 0.2 <= elapsed < 1.1, elapsed  # raised at its timeout, not when the late rank came
         message = str(info.value)
         assert message.startswith(operation) and "0.2 s" in message
         if operation != "barrier":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import time
 from collections import namedtuple
 
 import numpy as np
@@ -237,16 +236,20 @@ def test_name_hash_follows_the_qualified_name():
     assert 0 <= wire.name_hash(f) < 2**32
 
 
-def test_backoff_sleeps_only_after_the_spins():
+def test_backoff_sleeps_only_after_the_spins(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(wire.time, "sleep", slept.append)
     b = wire.Backoff(spins=5, first=0.002, cap=0.004)
-    start = time.perf_counter()
     for _ in range(5):
         b.idle()
-    assert time.perf_counter() - start < 0.002
-    start = time.perf_counter()
-    for _ in range(3):  # 2 ms, then 4 ms, then 4 ms (capped)
+    assert slept == []  # the spins never sleep
+    for _ in range(3):
         b.idle()
-    assert time.perf_counter() - start >= 0.009
+    assert slept == [0.002, 0.004, 0.004]  # then doubling, capped
+    b.reset()
+    for _ in range(6):
+        b.idle()
+    assert slept[3:] == [0.002]  # after an event: spin again, then sleep from the start
 
 
 class _Req:
