@@ -24,8 +24,11 @@ MPIRUN = Path(sys.executable).parent / "mpirun"
 needs_mpirun = pytest.mark.skipif(not MPIRUN.exists(), reason="mpirun is not installed")
 
 
-def _mpirun(script: str, n: int, *, ulfm: bool = False) -> subprocess.CompletedProcess:
+def _mpirun(
+    script: str, n: int, *, ulfm: bool = False, **extra: str
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM", "PMIX_"))}
+    env.update(extra)
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -56,8 +59,8 @@ def _reports(out: str, tag: str) -> dict[int, object]:
 
 @needs_mpirun
 @pytest.mark.timeout(90)
-def test_schedule_join_fetch_errors_and_datasets_agree_on_every_rank():
-    done = _mpirun("basic.py", 3)
+def test_schedule_join_fetch_errors_and_datasets_agree_on_every_rank(tmp_path):
+    done = _mpirun("basic.py", 3, COORDINATOR_TEST_RELEASE=str(tmp_path / "release"))
     assert done.returncode == 0, done.stdout + done.stderr
     logs = _reports(done.stdout, "LOG")
     assert sorted(logs) == [0, 1, 2]

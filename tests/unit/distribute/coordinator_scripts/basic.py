@@ -6,7 +6,9 @@ and that every worker's log is the same. Chief-only facts go to a separate repor
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 from _fake import FakeStrategy, report
@@ -138,13 +140,28 @@ restart = coordinator.fetch(coordinator.schedule(take, args=(again,)))
 log.append(["new iterator restarts", int(restart[1]) == 100 * int(restart[0])])
 chief_facts["dataset_fn calls on the chief"] = built_on.count(0)
 
-# 7. more closures than the queue holds: schedule blocks, nothing is lost.
+# 7. more closures than the queue holds: schedule blocks, nothing is lost. The closures
+# wait for a file the chief creates once its queue is full, so the queue fills however
+# loaded the machine is (the test gives every rank the same fresh path).
+release = Path(os.environ["COORDINATOR_TEST_RELEASE"])
+
+
+def held(i):
+    while not release.exists():
+        time.sleep(0.002)
+    return i
+
+
 biggest = 0
 many = []
 for i in range(CLOSURE_QUEUE_MAX_SIZE + 50):
-    many.append(coordinator.schedule(lambda i=i: time.sleep(0.01) or i))
+    many.append(coordinator.schedule(held, args=(i,)))
     if roles.chief_rank == roles.rank:
         biggest = max(biggest, len(coordinator._queue))
+        if biggest >= CLOSURE_QUEUE_MAX_SIZE:
+            release.touch()  # the next schedule would block: let the workers go
+if roles.chief_rank == roles.rank:  # (the workers get here at once: schedule records there)
+    release.touch()  # (if the queue never filled: the check below says so, nothing hangs)
 coordinator.join()
 log.append(["many", coordinator.fetch(many) == list(range(CLOSURE_QUEUE_MAX_SIZE + 50))])
 chief_facts["largest queue"] = biggest
