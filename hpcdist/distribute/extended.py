@@ -297,6 +297,23 @@ class StrategyExtended:
             return _UNHANDLED
         return self._cross_device_ops.reduce(op, value, tuple(dests))
 
+    def _local_gpu_all_reduce(self, op: ReduceOp, leaves: Sequence[Any]) -> list[list[Any]] | None:
+        """Each leaf (a ``PerReplica`` of GPU arrays) all-reduced among the local GPUs.
+
+        Returns, per local replica, the reduced leaves on that replica's GPU (with
+        ``NcclAllReduce``: one NCCL all-reduce per leaf, nothing copied between GPUs
+        or to the host), or ``None`` when :meth:`_local_gpu_reduce` does not apply
+        to every leaf (then :meth:`_reduce_leaves`). The optimizers' gradient sum.
+
+        Example: ``per_replica = ext._local_gpu_all_reduce(ReduceOp.SUM, [grads])``.
+        """
+        if self._streams is None or self._num_workers != 1:
+            return None
+        done = [self._local_gpu_reduce(op, leaf, self._devices) for leaf in leaves]
+        if any(d is _UNHANDLED for d in done):
+            return None
+        return [[d.values[r] for d in done] for r in range(self._num_local_replicas)]
+
     def reduce_to(
         self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None
     ):

@@ -5,7 +5,10 @@
 * Inside ``strategy.run`` (a replica context): ONE ``merge_call``. In it, the
   gradients of each local replica are packed into one flat buffer per dtype,
   the local buffers are summed and ONE batched cross-worker allreduce of all
-  of them is issued (``strategy.extended._reduce_leaves``). Gradients are
+  of them is issued (``strategy.extended._reduce_leaves``). With several GPUs
+  in one process (one worker), each buffer is instead all-reduced among the
+  GPUs (``NcclAllReduce``: NCCL) and every replica updates its copy from the
+  sum on its own GPU. Gradients are
   summed, as in TF: the loss is already divided by the global batch size.
   ``skip_gradients_aggregation=True`` (or ``experimental_aggregate_gradients=
   False``) skips the reduction: each replica's gradients update its own copy.
@@ -629,7 +632,12 @@ class Optimizer:
                 PerReplica(tuple(p[a] for p in packed)) if len(packed) > 1 else packed[0][a]
                 for a in range(len(work))
             ]
-            sources = [strategy.extended._reduce_leaves(ReduceOp.SUM, leaves)]
+            on_gpus = getattr(strategy.extended, "_local_gpu_all_reduce", None)
+            per_replica = on_gpus(ReduceOp.SUM, leaves) if on_gpus is not None else None
+            if per_replica is not None:  # several local GPUs: summed on them (NCCL)
+                sources = per_replica
+            else:
+                sources = [strategy.extended._reduce_leaves(ReduceOp.SUM, leaves)]
         else:
             sources = packed
         for grads in sources:

@@ -17,6 +17,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 import hpcdist as hd
+from hpcdist.collectives.nccl import nccl_available
 from hpcdist.distribute.values import PerReplica
 from hpcdist.nn import Dense, Sequential
 from hpcdist.nn.losses import SparseCategoricalCrossentropy
@@ -143,6 +144,8 @@ def test_optimizer_in_replicas_on_two_gpus_matches_two_cpu_replicas(cp, make):
                 else:
                     per_replica.append(PerReplica((w * 1, w * 2)))
             strategy.run(step, args=tuple(per_replica))
+        if kind == "gpu" and nccl_available()[0]:  # the gradient sum ran on the GPUs (NCCL)
+            assert strategy.extended._cross_device_ops.last_route == "nccl"
         finals[kind] = [[to_host(c) for c in v.values] for v in variables]
     for gpu_copies, cpu_copies in zip(finals["gpu"], finals["cpu"], strict=True):
         for g, c in zip(gpu_copies, cpu_copies, strict=True):

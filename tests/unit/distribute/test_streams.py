@@ -538,3 +538,22 @@ def test_host_values_take_the_arithmetic_route_bitwise_like_reduction_to_one_dev
     assert ops.last_route == "arithmetic"
     reference = ReductionToOneDevice().reduce("MEAN", per_replica, "/cpu:0")
     assert out.tobytes() == reference.tobytes()
+
+
+def test_local_gpu_all_reduce_gives_each_replica_the_nccl_sum_on_its_gpu(
+    gpu_strategy, fake_nccl_provider
+):
+    ext = gpu_strategy.extended
+    a, b = np.arange(6, dtype=np.float32), np.full(6, 10, np.float32)
+    c, d = np.ones(2, np.float64), np.full(2, 3.0)
+    before = fake_nccl.calls["allReduce"]
+    out = ext._local_gpu_all_reduce(hd.ReduceOp.SUM, [pair(a, b), pair(c, d)])
+    assert ext._cross_device_ops.last_route == "nccl"
+    assert fake_nccl.calls["allReduce"] == before + 4  # two leaves, one call per GPU each
+    assert len(out) == 2
+    for r, leaves in enumerate(out):
+        assert [x.device_index for x in leaves] == [r, r]
+        np.testing.assert_array_equal(leaves[0].get(), a + b)
+        np.testing.assert_array_equal(leaves[1].get(), c + d)
+    host = PerReplica((np.ones(2), np.ones(2)))
+    assert ext._local_gpu_all_reduce(hd.ReduceOp.SUM, [pair(a, b), host]) is None

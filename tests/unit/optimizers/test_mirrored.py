@@ -193,3 +193,57 @@ def test_one_merge_call_per_apply_gradients(strategy, monkeypatch):
     strategy.run(step)  # the first step also creates the slots (in the merge function)
     strategy.run(step)
     assert sorted(merges) == [(0, "apply_gradients")] * 2 + [(1, "apply_gradients")] * 2
+
+
+@pytest.mark.parametrize(("kind", "config"), [CASES[2], CASES[8]])
+def test_per_replica_sums_from_local_gpus_update_each_replica(monkeypatch, kind, config):
+    """With several local GPUs the extended gives one summed copy per replica (NCCL);
+    each replica updates its variables from its own copy and ``_reduce_leaves`` is skipped.
+    Here the CPU stand-in gives each replica the sum as a separate array."""
+    strategy = hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    ext = strategy.extended
+    sums: list[list[np.ndarray]] = []
+
+    def on_gpus(op, leaves):
+        assert op is hd.ReduceOp.SUM and all(isinstance(x, PerReplica) for x in leaves)
+        total = [x.values[0] + x.values[1] for x in leaves]
+        sums.append(total)
+        return [[t.copy() for t in total] for _ in range(2)]
+
+    monkeypatch.setattr(ext, "_local_gpu_all_reduce", on_gpus)
+    reduces = _count_reduces(strategy, monkeypatch)
+    dtypes = (np.float64, np.float64)
+    rng = np.random.default_rng(0)
+    init = [rng.standard_normal(s) for s in SHAPES]
+    with strategy.scope():
+        variables = [hd.Variable(x, name=f"v{i}") for i, x in enumerate(init)]
+        opt = make(kind, **config)
+    ref = reference(kind, **config)
+    expected = [x.copy() for x in init]
+
+    def replica_fn(step):
+        r = hd.get_replica_context().replica_id_in_sync_group
+        return opt.apply_gradients(zip(_replica_grads(step, r, dtypes), variables, strict=True))
+
+    for step in range(3):
+        strategy.run(replica_fn, args=(step,))
+        ref.step(
+            expected,
+            [
+                a + b
+                for a, b in zip(
+                    _replica_grads(step, 0, dtypes), _replica_grads(step, 1, dtypes), strict=True
+                )
+            ],
+        )
+    assert len(sums) == 3 and reduces == []  # the GPU sum replaced the host reduction
+    for v, e in zip(variables, expected, strict=True):
+        for c in v.values:
+            np.testing.assert_allclose(c.numpy(), e, rtol=1e-11, atol=1e-11)
+
+
+def test_cpu_replicas_do_not_take_the_local_gpu_sum():
+    strategy = hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert (
+        strategy.extended._local_gpu_all_reduce(hd.ReduceOp.SUM, [PerReplica((1.0, 2.0))]) is None
+    )
