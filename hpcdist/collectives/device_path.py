@@ -159,6 +159,15 @@ class DevicePath:
         the last copy out of it."""
         held = self._pinned.get(key)
         if held is None or held[0].nbytes < nbytes:
+            # Buffers dropped here may still be read by a copy in flight: wait for it first.
+            dropped = list(self._pinned.values()) if len(self._pinned) >= self.PINNED_LIMIT else []
+            if held is not None:
+                dropped.append(held)
+            pending = [event for _, event in dropped if event is not None]
+            for event in pending:
+                rt.wait(stream, event)
+            if pending:
+                rt.synchronize(stream)
             if len(self._pinned) >= self.PINNED_LIMIT:
                 self._pinned.clear()
             held = (rt.pinned(nbytes), None)
@@ -399,8 +408,10 @@ class DevicePath:
                 comm.allgather(send, recv, stream)
                 return rt.view(recv, np.dtype(x.dtype), (shape[0] * engine.size, *shape[1:]))
         self.last_route = engine.last_device_route = "staged"
-        host = self._to_pinned_copy(x, rt, stream)
-        return rt.to_device(engine.allgather(host, axis, opts), gpu, stream)
+        host = self._to_pinned_copy("allgather", x, rt, stream)
+        out = rt.to_device(engine.allgather(host, axis, opts), gpu, stream)
+        self._released("allgather", rt, stream)
+        return out
 
     @_on_gpu
     def reduce_scatter(self, tensor: Any, op: ReduceOp, opts: CommunicationOptions) -> Any:
@@ -424,13 +435,18 @@ class DevicePath:
                 block = (x.shape[0] // engine.size, *x.shape[1:])
                 return rt.view(recv, np.dtype(recv.dtype), block)
         self.last_route = engine.last_device_route = "staged"
-        host = self._to_pinned_copy(x, rt, stream)
-        return rt.to_device(engine.reduce_scatter(host, op, opts), gpu, stream)
+        host = self._to_pinned_copy("reduce_scatter", x, rt, stream)
+        out = rt.to_device(engine.reduce_scatter(host, op, opts), gpu, stream)
+        self._released("reduce_scatter", rt, stream)
+        return out
 
-    def _to_pinned_copy(self, x: Any, rt: DeviceRuntime, stream: int) -> np.ndarray:
-        """A host copy of ``x`` (its shape) through a fresh pinned buffer, stream done."""
+    def _to_pinned_copy(self, key: str, x: Any, rt: DeviceRuntime, stream: int) -> np.ndarray:
+        """A host copy of ``x`` (its shape) in the pinned buffer kept for ``key``, stream done.
+
+        Release it with :meth:`_released` once the copy of the result is enqueued (the
+        result may be a view of the buffer: the next call's copy in waits for it)."""
         dtype = np.dtype(x.dtype)
-        host = rt.pinned(x.size * dtype.itemsize).view(dtype)
+        host = self._pinned_for(key, x.size * dtype.itemsize, rt, stream).view(dtype)
         rt.to_host(host, x, stream)
         rt.synchronize(stream)
         return host.reshape(tuple(x.shape))

@@ -131,6 +131,27 @@ def test_staging_reuses_its_pinned_buffers(spy, monkeypatch):
     engine.close()
 
 
+def test_staged_allgather_and_reduce_scatter_reuse_their_pinned_buffers(spy, monkeypatch):
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "0")
+    engine = Collectives(spy, CommunicationOptions(implementation="MPI"))
+    rank, size = spy.Get_rank(), spy.Get_size()
+    x = np.arange(2 * size, dtype=np.float64) + rank
+    engine.allgather(fake(x))
+    engine.reduce_scatter(fake(x), "SUM")
+    pinned, waits = RUNTIME.calls["pinned"], RUNTIME.calls["wait"]
+    for _ in range(3):
+        gathered = engine.allgather(fake(x))
+        block = engine.reduce_scatter(fake(x), "SUM")
+    assert engine.last_device_route == "staged"
+    assert RUNTIME.calls["pinned"] == pinned  # no new pinned memory per call
+    assert RUNTIME.calls["wait"] == waits + 6  # each reuse waits for the copy out of it
+    want = np.concatenate([np.arange(2 * size, dtype=np.float64) + r for r in range(size)])
+    np.testing.assert_array_equal(gathered.get(), want)
+    total = sum(np.arange(2 * size, dtype=np.float64) + r for r in range(size))
+    np.testing.assert_array_equal(block.get(), total[2 * rank : 2 * rank + 2])
+    engine.close()
+
+
 @pytest.mark.parametrize("op", ["SUM", "MEAN", "MIN"])
 def test_cuda_aware_mpi_gets_device_buffers(spy, monkeypatch, op):
     monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "1")

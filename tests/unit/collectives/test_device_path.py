@@ -151,3 +151,26 @@ def test_nccl_asked_without_nccl_says_why(engine):
         engine.allreduce(
             [fake(np.ones(2, np.float32))], "SUM", CommunicationOptions(implementation="NCCL")
         )
+
+
+def test_a_pinned_buffer_grows_only_after_the_copy_out_of_the_old_one():
+    from types import SimpleNamespace
+
+    from hpcdist.collectives.device_path import DevicePath
+    from tests.support.fake_gpu import FakeRuntime
+
+    rt = FakeRuntime()
+    path = DevicePath(SimpleNamespace(size=1))
+    first = path._pinned_for("k", 64, rt, 7)
+    assert first.nbytes == 64 and rt.calls["pinned"] == 1 and rt.calls["wait"] == 0
+    path._released("k", rt, 7)  # a copy out of it is in flight
+    again = path._pinned_for("k", 32, rt, 7)
+    assert again.base is first.base and rt.calls["pinned"] == 1  # reused, smaller view
+    assert rt.calls["wait"] == 1 and rt.calls["synchronize"] == 0  # the stream waits, not the host
+    path._released("k", rt, 7)
+    grown = path._pinned_for("k", 128, rt, 7)
+    assert grown.nbytes == 128 and rt.calls["pinned"] == 2
+    # the old buffer is dropped only after its pending copy finished (host waits once)
+    assert rt.calls["wait"] == 2 and rt.calls["synchronize"] == 1
+    path._pinned_for("k", 128, rt, 7)  # nothing pending on the new buffer
+    assert rt.calls["wait"] == 2 and rt.calls["synchronize"] == 1
