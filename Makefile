@@ -25,9 +25,13 @@ export PYTHONUNBUFFERED := 1
 # With colorama installed (the docs extra), Numba prints an ANSI reset on every job's stdout.
 export NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING ?= 1
 
+# Every pytest run appends its counts here (tests/support/summary.py); `make test` empties
+# it first and ends with one "N passed, N failed, N skipped" line over all steps.
+export HPCDIST_TEST_SUMMARY ?= $(CURDIR)/build/test-summary.jsonl
+
 MPI_PYTEST := $(PY) -m pytest -q --no-header --color=no -p no:cacheprovider --with-mpi tests/mpi
 
-.PHONY: help install demo test lint unit mpi-test faults docs slurm-test gpu-test bench gpu-bench clean
+.PHONY: help install demo test summary-reset lint unit mpi-test faults docs slurm-test multihost-test gpu-test bench gpu-bench clean
 
 help:
 	@echo "make demo   - install (first time) and run the main job (digits, 2 ranks)"
@@ -35,6 +39,7 @@ help:
 	@echo "make bench  - run the benchmarks, results in benchmarks/results/"
 	@echo "make docs   - build the documentation site (build/site) and test its code blocks"
 	@echo "make slurm-test - start a local SLURM (as root) and run tests/slurm"
+	@echo "make multihost-test - (root) run tests/multihost across network-namespace hosts"
 	@echo "make gpu-test   - run tests/gpu (each test says why it skips without a GPU)"
 	@echo "make gpu-bench  - run the GPU benchmarks (needs a GPU), results in benchmarks/results/"
 
@@ -71,16 +76,28 @@ docs: install
 	timeout -k 20 900 $(PY) -m pytest -q -p no:cacheprovider tests/docs
 
 # A real single-host SLURM (slurm/local/): sbatch/srun jobs, launch traps, requeue after
-# preemption. Prints "SLURM tests SKIPPED: <reason>" where the cluster cannot start here.
+# preemption. Where it cannot start, it fails unless HPCDIST_ALLOW_SKIP=slurm (or the machine
+# cannot run SLURM at all: not root, no apt-get).
 slurm-test: install
 	slurm/local/run-tests.sh
+
+# Separate hosts on this machine (network namespaces, tests/multihost/hosts.sh): info and
+# resolvers, the engine and conformance suites, fit, preemption, stalls and the parameter
+# server across real TCP, and SLURM with one slurmd per host. Root only; where it cannot start
+# it fails unless HPCDIST_ALLOW_SKIP=multihost (or the machine is not root).
+multihost-test: install
+	tests/multihost/run-tests.sh
 
 # Needs an NVIDIA GPU with CuPy; elsewhere every test is skipped with the reason shown (-rs).
 gpu-test: install
 	timeout -k 20 1200 $(PY) -m pytest -q -rs -p no:cacheprovider tests/gpu
 
-test: lint unit mpi-test faults docs slurm-test gpu-test
+summary-reset:
+	@mkdir -p $(dir $(HPCDIST_TEST_SUMMARY)) && : > $(HPCDIST_TEST_SUMMARY)
+
+test: summary-reset lint unit mpi-test faults docs slurm-test multihost-test gpu-test
 	@echo "make test: all passed"
+	@$(PYTHON) tools/test_summary.py $(HPCDIST_TEST_SUMMARY)
 
 bench: install
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/mpi_baseline.py

@@ -24,7 +24,7 @@
 #                           (a non-default path needs `export SLURM_CONF=<path>` for clients)
 #   HPCDIST_SLURM_TIMEOUT   seconds to wait for the nodes to become idle [60]
 #   HPCDIST_SLURM_FORCE=1   overwrite a slurm.conf that this script did not write
-set -euo pipefail
+set -Eeuo pipefail
 
 STATE_DIR=${HPCDIST_SLURM_DIR:-/var/spool/slurm-hpcdist}
 CONF=${HPCDIST_SLURM_CONF:-/etc/slurm/slurm.conf}
@@ -39,6 +39,8 @@ die() {
     exit 1
 }
 log() { echo "start.sh: $*"; }
+# Any command that fails outside die() names itself, so a caller never sees a bare exit 1.
+trap 'echo "start.sh: failed at line $LINENO (exit $?): $BASH_COMMAND" >&2' ERR
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (slurmd needs root; SlurmUser=root)"
 for bin in munged munge unmunge slurmctld slurmd sinfo scontrol; do
@@ -255,7 +257,9 @@ scontrol ping 2>/dev/null | grep -q "is UP" ||
         "$(tail -n 5 "$STATE_DIR/log/slurmctld.log" 2>/dev/null)"
 
 SLURMD_LOG="$STATE_DIR/log/slurmd-${NODE_NAMES[0]}.log"
-log_start=$(($(cat "$SLURMD_LOG" 2>/dev/null | wc -l) + 1))
+# Lines already in the slurmd log (none on a fresh machine: the log does not exist yet).
+log_start=1
+if [[ -f $SLURMD_LOG ]]; then log_start=$(($(wc -l <"$SLURMD_LOG") + 1)); fi
 for n in "${ALL_NODES[@]}"; do
     if ! pid_alive "$STATE_DIR/slurmd-$n.pid"; then
         log "starting slurmd for node $n"

@@ -1,0 +1,112 @@
+"""Launch jobs across the namespace hosts of ``hosts.sh`` from a test.
+
+The hosts are network namespaces ``hpcn1..hpcnN`` on one bridge (``hosts.sh``);
+``mpirun`` reaches them through ``agent.sh`` (in place of ssh), and ranks on
+different hosts talk over TCP on the bridge's /24 only.
+
+Example: ``proc = mpirun([("hpcn1", 2), ("hpcn2", 2)], ["-m", "hpcdist", "info"])``
+then ``proc.returncode == 0``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tests.faults.launch import MPI_ENV, MPIRUN, Finished
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+HOSTS_SH = HERE / "hosts.sh"
+AGENT = HERE / "agent.sh"
+NET = os.environ.get("HPCDIST_MH_NET", "10.231.77")
+SUBNET = f"{NET}.0/24"
+
+TWO_BY_TWO = (("hpcn1", 2), ("hpcn2", 2))
+THREE_BY_ONE = (("hpcn1", 1), ("hpcn2", 1), ("hpcn3", 1))
+
+
+def hosts_sh(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``hosts.sh ARGS`` (stdout and stderr together)."""
+    return subprocess.run(
+        [str(HOSTS_SH), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def mpirun_args(layout: Sequence[tuple[str, int]]) -> list[str]:
+    """The ``mpirun`` options that place ``slots`` ranks on each named host, in order."""
+    hosts = ",".join(f"{name}:{slots}" for name, slots in layout)
+    return [
+        "--host", hosts,
+        "--map-by", "slot:oversubscribe",
+        "--mca", "plm_ssh_agent", str(AGENT),
+        "--mca", "plm_ssh_no_tree_spawn", "1",
+        "--prtemca", "prte_if_include", SUBNET,
+        "--mca", "btl_tcp_if_include", SUBNET,
+        "--mca", "oob_tcp_if_include", SUBNET,
+    ]  # fmt: skip
+
+
+def job_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    full = {**os.environ, **MPI_ENV, **(env or {})}
+    # This default overrides --map-by and would put every rank on the first host.
+    full.pop("PRTE_MCA_rmaps_default_mapping_policy", None)
+    for name in [n for n in full if n.startswith(("PMIX_", "OMPI_COMM_WORLD", "SLURM_"))]:
+        del full[name]  # never inherit a surrounding job's identity
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full.get("PYTHONPATH")]))
+    return full
+
+
+def mpirun(
+    layout: Sequence[tuple[str, int]],
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+    cwd: str | os.PathLike = REPO,
+) -> Finished:
+    """Run ``python ARGV`` with ``layout``'s ranks; kill the job after ``timeout`` seconds.
+
+    Returns a :class:`~tests.faults.launch.Finished` (``returncode``, ``stdout`` with
+    stderr, ``seconds``); a job killed at the timeout has ``returncode == -9``.
+    """
+    n = sum(slots for _, slots in layout)
+    command = [MPIRUN, "-n", str(n), *mpirun_args(layout), sys.executable, *argv]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=job_env(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        out += "\nTIMEOUT"
+        code = -9
+    done = Finished(command, code, out, None)
+    done.seconds = time.monotonic() - start
+    return done
+
+
+def pytest_across(
+    layout: Sequence[tuple[str, int]], paths: Sequence[str], timeout: float = 600
+) -> Finished:
+    """Run the pytest-mpi tests ``paths`` as one job across ``layout``'s hosts."""
+    argv = ["-m", "pytest", "-q", "--no-header", "--color=no", "-p", "no:cacheprovider",
+            "--with-mpi", *paths]  # fmt: skip
+    return mpirun(layout, argv, timeout=timeout)
