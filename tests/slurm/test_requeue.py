@@ -22,7 +22,7 @@ EPOCHS = 8
 STEPS = EPOCHS * (1437 // 64)  # the example's steps: whole global batches of 64
 
 
-def submit(tmp_path, name: str) -> tuple[int, object, object]:
+def submit(tmp_path, name: str, options=()) -> tuple[int, object, object]:
     out, params = tmp_path / f"{name}.out", tmp_path / f"{name}.npz"
     args = [
         "examples/train_digits_resumable.py",
@@ -30,14 +30,20 @@ def submit(tmp_path, name: str) -> tuple[int, object, object]:
         "--sleep-per-step=0.05",  # a window of several seconds to signal in; same results
         f"--save-params={params}",
     ]
-    job = sbatch(SCRIPT, args, out=out, env={"CKPT_DIR": str(tmp_path / f"{name}-ckpt")})
+    env = {"CKPT_DIR": str(tmp_path / f"{name}-ckpt")}
+    job = sbatch(SCRIPT, args, out=out, options=options, env=env)
     return job, out, params
 
 
 @pytest.mark.timeout(420)
 def test_signalled_job_checkpoints_requeues_resumes_and_matches(tmp_path) -> None:
-    job, out, params = submit(tmp_path, "preempted")
-    ref_job, ref_out, ref_params = submit(tmp_path, "uninterrupted")
+    check_requeue_round_trip(tmp_path)
+
+
+def check_requeue_round_trip(tmp_path, options=()) -> str:
+    """Submit both jobs (``options``: extra sbatch options), signal one, check; return its log."""
+    job, out, params = submit(tmp_path, "preempted", options)
+    ref_job, ref_out, ref_params = submit(tmp_path, "uninterrupted", options)
 
     wait_for_text(out, f"epoch 2/{EPOCHS}:", job, timeout=240)
     signal = run(["scancel", "--signal=USR1", str(job)], timeout=30)
@@ -66,3 +72,4 @@ def test_signalled_job_checkpoints_requeues_resumes_and_matches(tmp_path) -> Non
     for key in want.files:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
     assert int(got["iterations"]) == STEPS
+    return log
