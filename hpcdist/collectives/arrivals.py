@@ -1,14 +1,17 @@
 """The arrival board: which collective each rank is in, readable while a collective waits.
 
-In checked mode (a timeout in effect) every engine keeps one small MPI RMA
-window over its communicator, one record per rank: the sequence number of the
-collective the rank last entered, whether it has left it, and a short
-description of it (operation, op, shapes, dtypes). A rank writes only its own
-record, under an exclusive lock on itself, when it enters and when it leaves a
-collective. A rank that has waited long reads every record with passive-target
-``Lock``/``Rget``/``Unlock`` (no help from the other ranks needed), within
-about one second in all; a record that cannot be read in time (a rank that
-died, or a transport that needs the target's help) is reported as unknown.
+In checked mode (a timeout in effect) every engine keeps one record per rank:
+the sequence number of the collective the rank last entered, whether it has
+left it, and a short description of it (operation, op, shapes, dtypes). A rank
+writes only its own record, when it enters and when it leaves a collective,
+into a shared-memory window of its host. A rank that has waited long reads
+its host peers' records directly and asks the other hosts for theirs with a
+point-to-point query, which any rank of that host waiting in a checked
+collective answers; within about one second in all. Passive-target RMA across
+hosts is not used: over TCP it needs the target's progress, and a lock on a
+rank that sleeps in its own code blocks the reader for ever. A host that does
+not answer has no rank waiting in a collective: its ranks are reported as not
+arrived, busy elsewhere, stopped or dead.
 
 :class:`Watch` follows one checked collective's wait: past the stall threshold
 it warns once (:class:`~hpcdist.errors.CollectiveStallWarning` and the
@@ -78,12 +81,23 @@ def _decode(record: np.ndarray) -> Entry:
 
 
 class ArrivalBoard:
-    """The arrival records of the ranks of ``comm`` in one RMA window (collective to create).
+    """The arrival records of the ranks of ``comm`` (collective to create).
 
     Args:
         comm: an mpi4py intracommunicator; every rank creates the board at the
-            same point (``MPI.Win.Allocate`` is collective) and frees it with
-            :meth:`free`, also collectively.
+            same point (the node split, the shared window and the query
+            communicator are collective) and frees it with :meth:`free`, also
+            collectively.
+
+    The records of one host live in one MPI shared-memory window: a rank writes
+    its own with plain stores (a version word makes torn reads detectable) and
+    reads its host peers' directly, with no help from them. Records of ranks on
+    other hosts come by a point-to-point query: the reader asks every rank of
+    that host, and any of them that is waiting in a checked collective (its
+    waiting loop calls :meth:`serve`) answers with all of its host's records.
+    A host from which no answer comes within the budget has no rank waiting in
+    a collective: its ranks are busy in their own code, stopped or dead, and
+    are read as ``None``. No read ever waits on a lock another rank holds.
 
     Example: ``board = ArrivalBoard(comm); board.enter(1, "barrier()"); board.leave(1)``.
     """
@@ -95,114 +109,149 @@ class ArrivalBoard:
         self._MPI = MPI
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
-        self._win = MPI.Win.Allocate(RECORD_BYTES, 1, comm=comm)
-        self._win.Set_errhandler(MPI.ERRORS_RETURN)
-        self._record = np.frombuffer(self._win.tomemory(), dtype=np.uint8, count=RECORD_BYTES)
+        self._node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self._win = MPI.Win.Allocate_shared(RECORD_BYTES, 1, comm=self._node)
+        peers = [int(r) for r in self._node.allgather(self.rank)]  # node order -> comm rank
+        self._records: dict[int, np.ndarray] = {}
+        for index, rank in enumerate(peers):
+            buf, _ = self._win.Shared_query(index)
+            self._records[rank] = np.frombuffer(buf, dtype=np.uint8, count=RECORD_BYTES)
+        self._record = self._records[self.rank]
         self._head = self._record[: 8 * HEADER_WORDS].view(np.int64)
-        self._win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
         self._record[:] = 0
-        self._win.Unlock(self.rank)
         self._text = ""
-        self._open: dict[int, Any] = {}  # rank -> Rget still pending from an earlier read
+        # Hosts by key (their smallest rank): whom to ask for records of another host.
+        keys = [int(k) for k in comm.allgather(min(peers))]
+        self._key = min(peers)
+        self._hosts: dict[int, list[int]] = {}
+        for rank, key in enumerate(keys):
+            self._hosts.setdefault(key, []).append(rank)
+        self._msg = comm.Dup()  # queries and answers never meet the user's messages
+        self._status = MPI.Status()
+        self._query = 0
+        self._sends: list[tuple[Any, np.ndarray]] = []  # Isends in flight and their buffers
         comm.Barrier()  # every record is zeroed before anyone reads one
+
+    def _write(self, seq: int, state: int, text: str | None) -> None:
+        head = self._head
+        head[3] += 1  # odd: a write is in progress
+        head[0] = seq
+        head[1] = state
+        if text is not None and text != self._text:
+            data = text.encode("utf-8")[:TEXT_BYTES]
+            start = 8 * HEADER_WORDS
+            self._record[start : start + len(data)] = np.frombuffer(data, np.uint8)
+            head[2] = len(data)
+            self._text = text
+        head[3] += 1  # even again: the record is whole
 
     def enter(self, seq: int, text: str) -> None:
         """Record that this rank entered collective ``seq``, described by ``text``.
 
         Example: ``board.enter(7, "broadcast(root=0, [int64(3,)])")``.
         """
-        win, me = self._win, self.rank
-        win.Lock(me, self._MPI.LOCK_EXCLUSIVE)
-        head = self._head
-        head[0] = seq
-        head[1] = INSIDE
-        if text != self._text:
-            data = text.encode("utf-8")[:TEXT_BYTES]
-            start = 8 * HEADER_WORDS
-            self._record[start : start + len(data)] = np.frombuffer(data, np.uint8)
-            head[2] = len(data)
-            self._text = text
-        win.Unlock(me)
+        self._write(seq, INSIDE, text)
 
     def leave(self, seq: int) -> None:
         """Record that this rank left collective ``seq``. Example: ``board.leave(7)``."""
-        win, me = self._win, self.rank
-        win.Lock(me, self._MPI.LOCK_EXCLUSIVE)
         if self._head[0] == seq:
-            self._head[1] = LEFT
-        win.Unlock(me)
+            self._write(seq, LEFT, None)
+
+    def _copy(self, rank: int) -> np.ndarray | None:
+        """A whole copy of a host peer's record (``None`` if it kept changing)."""
+        record = self._records[rank]
+        version = record[24:32].view(np.int64)
+        for _ in range(1000):
+            before = int(version[0])
+            copy = record.copy()
+            if before % 2 == 0 and int(version[0]) == before:
+                return copy
+        return None
+
+    def _host_records(self) -> np.ndarray:
+        """This host's records, in rank order, after a header (query id, host key)."""
+        ranks = self._hosts[self._key]
+        out = np.zeros(16 + RECORD_BYTES * len(ranks), np.uint8)
+        out[8:16].view(np.int64)[0] = self._key
+        for i, rank in enumerate(ranks):
+            copy = self._copy(rank)
+            if copy is not None:
+                out[16 + i * RECORD_BYTES : 16 + (i + 1) * RECORD_BYTES] = copy
+            else:  # a record that kept changing: state NONE would be wrong, say "unreadable"
+                out[16 + i * RECORD_BYTES : 24 + i * RECORD_BYTES].view(np.int64)[0] = -1
+        return out
+
+    def _isend(self, data: np.ndarray, dest: int, tag: int) -> None:
+        self._sends.append((self._msg.Isend([data, self._MPI.BYTE], dest, tag), data))
+
+    def serve(self) -> None:
+        """Answer the other hosts' queries for this host's records (never blocks).
+
+        The waiting loops of checked collectives call it (through
+        :meth:`Watch.tick`). Example: ``board.serve()``.
+        """
+        MPI, msg, status = self._MPI, self._msg, self._status
+        while msg.Iprobe(MPI.ANY_SOURCE, _QUERY, status):
+            source = status.Get_source()
+            query = np.empty(8, np.uint8)
+            msg.Recv([query, MPI.BYTE], source, _QUERY)
+            answer = self._host_records()
+            answer[:8] = query
+            self._isend(answer, source, _ANSWER)
+        self._sends = [(r, d) for r, d in self._sends if not r.Test()]
 
     def read(self, budget: float = READ_BUDGET_S) -> list[Entry | None]:
-        """Every rank's record, ``None`` for those not readable within ``budget`` seconds.
+        """Every rank's record; ``None`` for ranks of a host that did not answer in ``budget`` s.
 
-        Never blocks much longer than ``budget``: the reads are started
-        together and polled with short sleeps; a read still pending at the end
-        stays open and is finished by a later call.
+        Records of this host are read directly; other hosts are asked
+        together and their answers awaited with short sleeps, serving their
+        queries meanwhile, for at most ``budget`` seconds.
         Example: ``[e.seq if e else None for e in board.read()]``.
         """
-        MPI, win = self._MPI, self._win
+        MPI, msg, status = self._MPI, self._msg, self._status
         out: list[Entry | None] = [None] * self.size
-        out[self.rank] = _decode(self._record.copy())
-        for rank, request in list(self._open.items()):  # reads left open by an earlier call
-            try:
-                if request.Test():
-                    win.Unlock(rank)
-                    del self._open[rank]
-            except MPI.Exception:
-                pass
-        buffers = {}
-        requests = {}
-        for rank in range(self.size):
-            if rank == self.rank or rank in self._open:
-                continue
-            buf = np.zeros(RECORD_BYTES, np.uint8)
-            try:
-                win.Lock(rank, MPI.LOCK_SHARED)
-            except MPI.Exception:
-                continue
-            try:
-                requests[rank] = win.Rget(buf, rank)
-                buffers[rank] = buf
-            except MPI.Exception:
-                try:
-                    win.Unlock(rank)
-                except MPI.Exception:
-                    pass
+        for rank in self._hosts[self._key]:
+            copy = self._record.copy() if rank == self.rank else self._copy(rank)
+            out[rank] = None if copy is None else _decode(copy)
+        waiting = {key for key in self._hosts if key != self._key}
+        self._query += 1
+        query = np.zeros(8, np.uint8)
+        query.view(np.int64)[0] = self._query
+        for key in waiting:
+            for rank in self._hosts[key]:
+                self._isend(query, rank, _QUERY)
         deadline = time.monotonic() + budget
         delay = 50e-6
-        while requests:
-            for rank, request in list(requests.items()):
-                try:
-                    done = request.Test()
-                except MPI.Exception:
-                    done = None
-                if done is False:
-                    continue
-                del requests[rank]
-                try:
-                    win.Unlock(rank)
-                except MPI.Exception:
-                    done = None
-                if done:
-                    out[rank] = _decode(buffers[rank])
+        while waiting:
+            self.serve()
+            while msg.Iprobe(MPI.ANY_SOURCE, _ANSWER, status):
+                answer = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                msg.Recv([answer, MPI.BYTE], status.Get_source(), _ANSWER)
+                query_id, key = (int(v) for v in answer[:16].view(np.int64))
+                if query_id != self._query or key not in waiting:
+                    continue  # a late answer to an earlier read, or a second one
+                waiting.discard(key)
+                for i, rank in enumerate(self._hosts[key]):
+                    record = answer[16 + i * RECORD_BYTES : 16 + (i + 1) * RECORD_BYTES]
+                    if int(record[:8].view(np.int64)[0]) >= 0:
+                        out[rank] = _decode(record)
             left = deadline - time.monotonic()
-            if not requests or left <= 0:
+            if not waiting or left <= 0:
                 break
             time.sleep(min(delay, left))
             delay = min(2 * delay, 10e-3)
-        self._open.update(requests)
         return out
 
     def free(self) -> None:
-        """Free the window (collective over the communicator). Example: ``board.free()``."""
-        for rank, request in self._open.items():
-            try:
-                request.Wait()
-                self._win.Unlock(rank)
-            except self._MPI.Exception:
-                pass
-        self._open.clear()
+        """Free the board (collective over the communicator). Example: ``board.free()``."""
+        self.serve()
+        self._sends.clear()  # answers nobody collects; MPI completes them with the communicator
+        self._msg.Free()
         self._win.Free()
+        self._node.Free()
+
+
+_QUERY, _ANSWER = 1, 2  # tags on the board's own communicator
 
 
 def _caller_level() -> int:
@@ -217,8 +266,16 @@ def _clip(text: str) -> str:
     return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"
 
 
-def _where(entry: Entry, seq: int) -> str:
-    """Where a rank that is not in collective ``seq`` is, from its ``entry``."""
+NO_ANSWER = (
+    "no answer from its host within the read budget, so it is not waiting in any "
+    "collective: busy in its own code, stopped or dead"
+)
+
+
+def _where(entry: Entry | None, seq: int) -> str:
+    """Where a rank that is not in collective ``seq`` is, from its ``entry`` (``None``: unread)."""
+    if entry is None:
+        return NO_ANSWER
     if entry.state == NONE or entry.seq <= 0:
         return "it has not entered any checked collective yet"
     what = f"collective #{entry.seq} {_clip(entry.text)}"
@@ -233,9 +290,7 @@ def _grouped(ranks: Sequence[int], entries: Sequence[Entry | None], seq: int) ->
     """``rank 1: <where>; ranks 2-3: <where>`` with ranks in the same place together."""
     groups: dict[str, list[int]] = {}
     for rank in ranks:
-        entry = entries[rank]
-        assert entry is not None
-        groups.setdefault(_where(entry, seq), []).append(rank)
+        groups.setdefault(_where(entries[rank], seq), []).append(rank)
     return "; ".join(
         f"{'rank' if len(g) == 1 else 'ranks'} {rank_ranges(g)}: {where}"
         for where, g in groups.items()
@@ -243,17 +298,20 @@ def _grouped(ranks: Sequence[int], entries: Sequence[Entry | None], seq: int) ->
 
 
 def describe_arrivals(seq: int, entries: Sequence[Entry | None]) -> str:
-    """Which ranks have not arrived at collective ``seq``, which are ahead, which are unknown.
+    """Which ranks have not arrived at collective ``seq`` and which are ahead.
 
-    ``entries[r]`` is rank ``r``'s record (``None``: unreadable).
+    ``entries[r]`` is rank ``r``'s record; ``None`` when its host did not
+    answer (no rank there waits in a collective): such a rank has not arrived.
 
     Example:
         >>> print(describe_arrivals(5, [Entry(5, INSIDE, "b()"), Entry(4, INSIDE, "b()")]))
         rank 1 has not arrived (rank 1: it is still inside collective #4 b())
     """
-    unknown = [r for r, e in enumerate(entries) if e is None]
     known = [(r, e) for r, e in enumerate(entries) if e is not None]
-    missing = [r for r, e in known if e.seq < seq or e.state == NONE]
+    missing = sorted(
+        [r for r, e in known if e.seq < seq or e.state == NONE]
+        + [r for r, e in enumerate(entries) if e is None]
+    )
     ahead = [r for r, e in known if e.seq > seq]
     inside = [r for r, e in known if e.seq == seq and e.state == INSIDE]
     parts = []
@@ -268,13 +326,7 @@ def describe_arrivals(seq: int, entries: Sequence[Entry | None]) -> str:
         label = "rank" if len(ahead) == 1 else "ranks"
         verb = "is" if len(ahead) == 1 else "are"
         parts.append(f"{label} {rank_ranges(ahead)} {verb} ahead ({_grouped(ahead, entries, seq)})")
-    if unknown:
-        label = "rank" if len(unknown) == 1 else "ranks"
-        parts.append(
-            f"the state of {label} {rank_ranges(unknown)} is unknown (the arrival board "
-            "could not be read in time: the rank may have died)"
-        )
-    if not missing and not unknown:
+    if not missing:
         text = "every rank has entered this collective"
         if inside:
             text += f" (still inside it: {rank_ranges(inside)})"
@@ -345,7 +397,12 @@ class Watch:
         return describe_arrivals(self.seq, self.board.read())
 
     def tick(self) -> None:
-        """Warn once when the stall threshold has passed. Example: ``w.tick()``."""
+        """Answer other hosts' board queries; warn once when the stall threshold has passed.
+
+        Example: ``w.tick()``.
+        """
+        if self.board is not None:
+            self.board.serve()
         if self._stall_at is not None and time.monotonic() >= self._stall_at:
             self._stall_at = None
             waited = time.monotonic() - self.start

@@ -55,7 +55,6 @@ def mpirun_args(layout: Sequence[tuple[str, int]]) -> list[str]:
         "--mca", "plm_ssh_no_tree_spawn", "1",
         "--prtemca", "prte_if_include", SUBNET,
         "--mca", "btl_tcp_if_include", SUBNET,
-        "--mca", "oob_tcp_if_include", SUBNET,
     ]  # fmt: skip
 
 
