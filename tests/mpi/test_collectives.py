@@ -84,8 +84,15 @@ def _reference(op: ReduceOp, inputs: list[np.ndarray], size: int) -> np.ndarray:
     if op is ReduceOp.SUM:
         return total
     if dtype.kind in "fc":
-        # The exact mean rounded once (double rounding through the wide dtype is exact here).
-        return np.asarray(np.add.reduce([x.astype(wide) for x in inputs]) / size).astype(dtype)
+        # The exact mean rounded once (double rounding through the wide dtype is exact here),
+        # each component divided on its own: NumPy's complex division multiplies by the
+        # reciprocal, one ulp off the correctly rounded quotient for a size of 3.
+        wide_total = np.add.reduce([x.astype(wide) for x in inputs])
+        if dtype.kind == "c":
+            mean = wide_total.real / size + 1j * (wide_total.imag / size)
+        else:
+            mean = wide_total / size
+        return np.asarray(mean).astype(dtype)
     return np.asarray(divide_mean(total, size))
 
 
