@@ -133,3 +133,46 @@ def test_per_replica_batch_norm_statistics_differ_from_the_global_ones():
     # a cross-replica read is the MEAN of the replicas' statistics (sync on read)
     np.testing.assert_allclose(bn.moving_mean.numpy(), x.mean(0), rtol=1e-12)
     all_ranks_agree(bn.moving_mean.numpy())
+
+
+def callback_model(strategy, lr=0.05):
+    with strategy.scope():
+        model = Sequential([Dense(4, activation="tanh", input_shape=(3,)), Dense(1)])
+        model.compile(optimizer=hd.optimizers.SGD(lr), loss="mse")
+    return model
+
+
+def test_terminate_on_nan_stops_every_rank_at_the_same_batch():
+    from hpcdist.callbacks import LambdaCallback, TerminateOnNaN
+
+    strategy = hd.MultiWorkerMirroredStrategy()
+    n = strategy.num_replicas_in_sync
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(8 * n, 3)), rng.normal(size=(8 * n, 1))
+    y[2 * n + n - 1] = np.nan  # batch 2, in the last replica's share only
+    model = callback_model(strategy)
+    batches = []
+    spy = LambdaCallback(on_train_batch_end=lambda b, logs: batches.append(b))
+    history = model.fit(x, y, batch_size=n, epochs=2, verbose=0, shuffle=False,
+                        callbacks=[TerminateOnNaN(), spy])  # fmt: skip
+    assert batches == [0, 1, 2]
+    assert len(history.history["loss"]) == 1 and np.isnan(history.history["loss"][0])
+    all_ranks_agree(batches)
+
+
+def test_learning_rate_callbacks_take_one_decision_on_every_rank():
+    from hpcdist.callbacks import LearningRateScheduler, ReduceLROnPlateau
+
+    strategy = hd.MultiWorkerMirroredStrategy()
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(16, 3)), rng.normal(size=(16, 1))
+    model = callback_model(strategy)
+    mine = np.random.default_rng(100 + world().rank)  # a schedule that differs between ranks
+    sched = LearningRateScheduler(lambda epoch, lr: float(mine.uniform(0.01, 0.1)))
+    plateau = ReduceLROnPlateau(monitor="loss", factor=0.5, patience=1, min_delta=10.0)
+    history = model.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[sched, plateau])
+    rates = history.history["learning_rate"]
+    chief = float(np.random.default_rng(100).uniform(0.01, 0.1))
+    assert rates[0] == pytest.approx(chief)  # the chief's draw, on every rank
+    all_ranks_agree(rates)
+    all_ranks_agree(np.concatenate([w.ravel() for w in model.get_weights()]))
