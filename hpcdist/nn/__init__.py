@@ -21,6 +21,7 @@ from hpcdist.nn.layers import Activation, Dense, Dropout, Flatten, Input, InputL
 from hpcdist.nn.losses import compute_average_loss, scale_regularization_loss
 from hpcdist.nn.model import Model
 from hpcdist.nn.normalization import BatchNormalization, LayerNormalization
+from hpcdist.nn.saving import load_model
 from hpcdist.nn.sequential import Sequential
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "backend",
     "compute_average_loss",
     "initializers",
+    "load_model",
     "losses",
     "metrics",
     "regularizers",

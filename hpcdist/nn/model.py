@@ -457,6 +457,20 @@ class Model:
             v.assign(w)
 
     # -- files -------------------------------------------------------------------------------
+    def save(self, filepath: str | os.PathLike, overwrite: bool = True) -> None:
+        """Save the architecture, the weights and the optimizer state (``keras.Model.save``).
+
+        ``filepath`` becomes a directory with a JSON manifest and an ``.npz`` of
+        the arrays (no pickle); :func:`hpcdist.nn.load_model` restores it on any
+        number of workers. Collective under a multi-worker strategy (every
+        worker calls it; the chief writes). See :mod:`hpcdist.nn.saving`.
+
+        Example: ``model.save("runs/model.keras")``.
+        """
+        from hpcdist.nn.saving import save_model
+
+        save_model(self, filepath, overwrite=overwrite)
+
     def save_weights(self, filepath: str | os.PathLike) -> None:
         """Write all weights to ``filepath`` as ``.npz`` (chief only, atomically, no pickle).
 

@@ -81,6 +81,7 @@ class Trainer:
             self.compiled_metrics = [
                 metrics_mod.get(m, loss=loss, output_shape=shape) for m in (metrics or [])
             ]
+        self._compile_metrics = list(metrics or [])  # as given (what model.save records)
         self._per_example = copy.copy(self._loss_obj)
         self._per_example.reduction = "none"
         reduction = str(getattr(self._loss_obj, "reduction", "auto")).lower()
@@ -188,7 +189,7 @@ class Trainer:
     # -- loops ----------------------------------------------------------------------------------
     def _logs(self, prefix: str = "") -> dict[str, float]:
         values = metrics_mod.results(self.metrics)
-        return {prefix + m.name: float(v) for m, v in zip(self.metrics, values, strict=True)}
+        return {prefix + m.name: _log_value(v) for m, v in zip(self.metrics, values, strict=True)}
 
     def _reset_metrics(self) -> None:
         for m in self.metrics:
@@ -438,6 +439,14 @@ class Trainer:
             raise ValueError("predict got no data: the input is empty")
         xp = array_module(outputs[0])
         return xp.concatenate(outputs, axis=0)
+
+
+def _log_value(value: Any) -> Any:
+    """A metric's result for the logs: a float, or a list of floats (Precision with several
+    thresholds, as Keras logs an array)."""
+    if np.ndim(value) == 0:
+        return float(value)
+    return [float(v) for v in np.ravel(value)]
 
 
 def _num_replicas() -> int:

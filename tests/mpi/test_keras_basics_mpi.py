@@ -176,3 +176,42 @@ def test_learning_rate_callbacks_take_one_decision_on_every_rank():
     assert rates[0] == pytest.approx(chief)  # the chief's draw, on every rank
     all_ranks_agree(rates)
     all_ranks_agree(np.concatenate([w.ravel() for w in model.get_weights()]))
+
+
+def test_save_on_all_ranks_load_alone_and_under_the_strategy():
+    import shutil
+    import tempfile
+
+    from hpcdist.nn import load_model
+
+    comm = world().comm
+    path = comm.bcast(tempfile.mkdtemp() if world().rank == 0 else None, root=0)
+    try:
+        strategy = hd.MultiWorkerMirroredStrategy()
+        rng = np.random.default_rng(6)
+        x, y = rng.normal(size=(16, 4)), rng.normal(size=(16, 1))
+        np.random.seed(7)
+        with strategy.scope():
+            model = bn_model(True, reg=True)
+            model.compile(optimizer=hd.optimizers.Adagrad(0.1), loss="huber", metrics=["mae"])
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+        model.save(f"{path}/m.keras")
+        expected = model.predict(x)
+        with strategy.scope():
+            again = load_model(f"{path}/m.keras")
+        alone = load_model(f"{path}/m.keras")  # this rank alone, no strategy
+        for loaded in (again, alone):
+            np.testing.assert_allclose(loaded.predict(x), expected, rtol=1e-12, atol=1e-14)
+            assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 4
+            for u, v in zip(model.trainable_variables, loaded.trainable_variables, strict=True):
+                np.testing.assert_array_equal(
+                    loaded.optimizer.get_slot(v, "accumulator").numpy(),
+                    model.optimizer.get_slot(u, "accumulator").numpy(),
+                )
+        h1 = model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        h2 = again.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        assert h1.history == h2.history
+    finally:
+        comm.Barrier()
+        if world().rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
