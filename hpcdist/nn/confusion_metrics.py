@@ -46,13 +46,12 @@ def _thresholds(thresholds: Any, default: float = 0.5) -> tuple[np.ndarray, bool
     return values, single
 
 
-def _top_k(p: Any, k: int) -> Any:
+def _top_k(p: np.ndarray, k: int) -> np.ndarray:
     """``p`` with every entry outside the ``k`` largest of its last axis set to -inf."""
-    xp = array_module(p)
-    order = xp.argsort(-p, axis=-1, kind="stable") if xp is np else xp.argsort(-p, axis=-1)
-    keep = xp.zeros(p.shape, dtype=bool)
-    xp.put_along_axis(keep, order[..., :k], True, axis=-1)
-    return xp.where(keep, p, -xp.inf)
+    order = np.argsort(-p, axis=-1, kind="stable")
+    keep = np.zeros(p.shape, dtype=bool)
+    np.put_along_axis(keep, order[..., :k], True, axis=-1)
+    return np.where(keep, p, -np.inf)
 
 
 def confusion_counts(
@@ -70,7 +69,8 @@ def confusion_counts(
     is ``array([1.])``.
     """
     t, p = _same_rank(y_true, y_pred)
-    xp = array_module(p)
+    t, p = to_host(t), to_host(p)  # small counts: computed on the host, added to host state
+    xp = np
     p = p.astype(np.float64, copy=False)
     if tuple(t.shape) != tuple(p.shape):
         raise ValueError(
@@ -85,7 +85,7 @@ def confusion_counts(
     if sample_weight is None:
         w = xp.ones(p.shape, np.float64)
     else:
-        w = xp.asarray(_plain(sample_weight)).astype(np.float64)
+        w = np.asarray(to_host(_plain(sample_weight))).astype(np.float64)
         if w.ndim == p.ndim + 1 and w.shape[-1] == 1:
             w = w[..., 0]
         while w.ndim < p.ndim:
@@ -142,7 +142,7 @@ class _ThresholdMetric(Metric):
             _add(var, counts[name])
 
     def _result(self, state: list[np.ndarray]) -> Any:
-        a, b = (to_host(np.asarray(s, np.float64)) for s in state)
+        a, b = (np.asarray(to_host(s), np.float64) for s in state)
         value = _ratio(a, a + b)
         return float(value[0]) if self._single else value
 
@@ -252,7 +252,7 @@ class AUC(Metric):
             _add(var, counts[name])
 
     def _result(self, state: list[np.ndarray]) -> float:
-        tp, fp, tn, fn = (to_host(np.asarray(s, np.float64)) for s in state)
+        tp, fp, tn, fn = (np.asarray(to_host(s), np.float64) for s in state)
         if self.curve == "PR" and self.summation_method == "interpolation":
             return _interpolate_pr_auc(tp, fp, fn)
         recall = _ratio(tp, tp + fn)
