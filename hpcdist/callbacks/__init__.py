@@ -2,9 +2,11 @@
 
 ``Callback`` (base class), ``CallbackList`` (calls the hooks of many), ``History`` (the
 per-epoch logs, returned by ``fit``), ``ProgressBar`` (tqdm bar and epoch lines on the chief),
-``CSVLogger``, ``ModelCheckpoint`` (weights only), ``EarlyStopping`` and ``BackupAndRestore``
-(resume an interrupted ``fit`` exactly, and save on preemption signals). Files are written and
-lines printed by the chief worker only; every worker takes the same decisions.
+``CSVLogger``, ``ModelCheckpoint`` (weights only), ``EarlyStopping``, ``BackupAndRestore``
+(resume an interrupted ``fit`` exactly, and save on preemption signals),
+``LearningRateScheduler``, ``ReduceLROnPlateau``, ``TerminateOnNaN`` and ``LambdaCallback``.
+Files are written and lines printed by the chief worker only; every worker takes the same
+decisions.
 
 Example:
     >>> import hpcdist.callbacks as cb
@@ -19,6 +21,8 @@ from hpcdist.callbacks.base import Callback, CallbackList, History, is_chief
 from hpcdist.callbacks.checkpoint import ModelCheckpoint
 from hpcdist.callbacks.csv_logger import CSVLogger
 from hpcdist.callbacks.early_stopping import EarlyStopping
+from hpcdist.callbacks.lambda_callback import LambdaCallback, TerminateOnNaN
+from hpcdist.callbacks.learning_rate import LearningRateScheduler, ReduceLROnPlateau
 from hpcdist.callbacks.progress import ProgressBar
 
 __all__ = [
@@ -28,7 +32,11 @@ __all__ = [
     "CallbackList",
     "EarlyStopping",
     "History",
+    "LambdaCallback",
+    "LearningRateScheduler",
     "ModelCheckpoint",
     "ProgressBar",
+    "ReduceLROnPlateau",
+    "TerminateOnNaN",
     "is_chief",
 ]

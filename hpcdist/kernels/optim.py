@@ -23,6 +23,12 @@ are always updated in place. Weight decay is decoupled and applied first:
   ``avg = rho avg + (1 - rho) g``, ``denom = vel - avg^2 + eps``, else
   ``denom = vel + eps``; ``inc = lr g / sqrt(denom)``; with momentum (a
   non-empty ``mom``): ``mom = momentum * mom + inc``, ``p -= mom``; else ``p -= inc``.
+* :func:`adagrad` ``hyper = [lr, epsilon, wd]``: ``acc += g^2``;
+  ``p -= lr g / sqrt(acc + eps)``.
+* :func:`nadam` ``hyper = [lr, beta_1, beta_2, epsilon, c_m, c_g, c_v, lr * wd]``:
+  ``m += (g - m)(1 - b1)``; ``v += (g^2 - v)(1 - b2)``; ``m_hat = c_m m + c_g g``;
+  ``v_hat = c_v v``; ``p -= lr m_hat / (sqrt(v_hat) + eps)`` (the step's
+  momentum-schedule factors ``c_m``, ``c_g``, ``c_v`` come from the optimizer).
 * :func:`sum_squares`, :func:`scale`, :func:`clip_values`: what gradient
   clipping needs.
 
@@ -43,7 +49,10 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["adam", "clip_values", "momentum", "rmsprop", "scale", "sgd", "sum_squares"]
+__all__ = [
+    "adagrad", "adam", "clip_values", "momentum", "nadam", "rmsprop", "scale", "sgd",
+    "sum_squares",
+]  # fmt: skip
 
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy", "boundscheck": False}
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -183,6 +192,64 @@ def _rmsprop_out(
             inc = momentum * mom[i] + inc
             mom[i] = inc
         p_out[i] = x - inc
+
+
+@njit(**_JIT)
+def _adagrad_in(p, g, acc, lr, eps, decay, zero):
+    for i in range(p.shape[0]):
+        x = p[i]
+        if decay != zero:
+            x = x - x * decay
+        gi = g[i]
+        a = acc[i] + gi * gi
+        acc[i] = a
+        p[i] = x - lr * gi / np.sqrt(a + eps)
+
+
+@njit(**_JIT)
+def _adagrad_out(p_in, p_out, g, acc, lr, eps, decay, zero):
+    for i in range(p_in.shape[0]):
+        x = p_in[i]
+        if decay != zero:
+            x = x - x * decay
+        gi = g[i]
+        a = acc[i] + gi * gi
+        acc[i] = a
+        p_out[i] = x - lr * gi / np.sqrt(a + eps)
+
+
+@njit(**_JIT)
+def _nadam_in(p, g, m, v, lr, c1, c2, eps, c_m, c_g, c_v, decay, zero):
+    for i in range(p.shape[0]):
+        x = p[i]
+        if decay != zero:
+            x = x - x * decay
+        gi = g[i]
+        mi = m[i]
+        mi = mi + (gi - mi) * c1
+        m[i] = mi
+        vi = v[i]
+        vi = vi + (gi * gi - vi) * c2
+        v[i] = vi
+        m_hat = mi * c_m + gi * c_g
+        p[i] = x - (m_hat * lr) / (np.sqrt(vi * c_v) + eps)
+
+
+@njit(**_JIT)
+def _nadam_out(p_in, p_out, g, m, v, lr, c1, c2, eps, c_m, c_g, c_v, decay, zero):
+    for i in range(p_in.shape[0]):
+        x = p_in[i]
+        if decay != zero:
+            x = x - x * decay
+        gi = g[i]
+        mi = m[i]
+        mi = mi + (gi - mi) * c1
+        m[i] = mi
+        vi = v[i]
+        vi = vi + (gi * gi - vi) * c2
+        v[i] = vi
+        m_hat = mi * c_m + gi * c_g
+        p_out[i] = x - (m_hat * lr) / (np.sqrt(vi * c_v) + eps)
 
 
 @njit(**_JIT)
@@ -408,6 +475,45 @@ def rmsprop(
         _rmsprop_in(p_in, g, vel, avg, mom, *flags, *consts)
     else:
         _rmsprop_out(p_in, p_out, g, vel, avg, mom, *flags, *consts)
+
+
+def adagrad(p_in: np.ndarray, p_out: np.ndarray, g: np.ndarray, acc: np.ndarray, hyper: Any):
+    """Adagrad: ``acc += g^2; p -= lr * g / sqrt(acc + epsilon)``, decoupled weight decay first.
+
+    ``hyper = [lr, epsilon, wd]``. ``acc`` is updated in place.
+
+    Example: ``adagrad(p, p, g, acc, np.array([1e-3, 1e-7, 0.0], p.dtype))``.
+    """
+    dtype = _check_flat("adagrad", {"p_in": p_in, "p_out": p_out, "g": g, "acc": acc})
+    lr, eps, wd = _hyper("adagrad", hyper, dtype, ("lr", "epsilon", "wd"))
+    args = (g, acc, lr, eps, lr * wd, dtype.type(0))
+    if _in_place("adagrad", p_in, p_out, acc):
+        _adagrad_in(p_in, *args)
+    else:
+        _adagrad_out(p_in, p_out, *args)
+
+
+def nadam(
+    p_in: np.ndarray, p_out: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, hyper: Any
+) -> None:
+    """Nadam (Adam with Nesterov momentum, Keras's form), decoupled weight decay first.
+
+    ``hyper = [lr, beta_1, beta_2, epsilon, c_m, c_g, c_v, lr * wd]`` where, for
+    step ``t`` (1-based), ``u_t = beta_1 (1 - 0.5 * 0.96^t)``, ``c_m = u_{t+1} /
+    (1 - u_1...u_{t+1})``, ``c_g = (1 - u_t) / (1 - u_1...u_t)`` and ``c_v = 1 /
+    (1 - beta_2^t)``. ``m`` and ``v`` are updated in place.
+
+    Example: ``nadam(p, p, g, m, v, hyper)`` with ``hyper`` from ``Nadam._hyper``.
+    """
+    dtype = _check_flat("nadam", {"p_in": p_in, "p_out": p_out, "g": g, "m": m, "v": v})
+    names = ("lr", "beta_1", "beta_2", "epsilon", "c_m", "c_g", "c_v", "lr*wd")
+    lr, b1, b2, eps, c_m, c_g, c_v, decay = _hyper("nadam", hyper, dtype, names)
+    one = dtype.type(1)
+    args = (g, m, v, lr, one - b1, one - b2, eps, c_m, c_g, c_v, decay, dtype.type(0))
+    if _in_place("nadam", p_in, p_out, m, v):
+        _nadam_in(p_in, *args)
+    else:
+        _nadam_out(p_in, p_out, *args)
 
 
 # ------------------------------------------------------------------------- clipping

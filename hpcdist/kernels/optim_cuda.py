@@ -1,13 +1,13 @@
 """Fused optimizer updates on the GPU: the updates of :mod:`hpcdist.kernels.optim` as CUDA kernels.
 
 Same names, arguments and formulas as the CPU module (``sgd``, ``momentum``,
-``adam``, ``rmsprop``, ``sum_squares``, ``scale``, ``clip_values``); arrays are
-1-D C-contiguous device arrays (Numba device arrays, or CuPy arrays and any
-other object with ``__cuda_array_interface__``, taken without copies). The
-``hyper`` array is a host array (NumPy or a list): its values become kernel
-arguments of the parameters' dtype, so the arithmetic stays in that dtype and
-nothing is copied to the device for them. Each update is one kernel launch,
-a grid-stride loop; ``stream`` picks the CUDA stream.
+``adam``, ``rmsprop``, ``adagrad``, ``nadam``, ``sum_squares``, ``scale``,
+``clip_values``); arrays are 1-D C-contiguous device arrays (Numba device
+arrays, or CuPy arrays and any other object with ``__cuda_array_interface__``,
+taken without copies). The ``hyper`` array is a host array (NumPy or a list):
+its values become kernel arguments of the parameters' dtype, so the arithmetic
+stays in that dtype and nothing is copied to the device for them. Each update
+is one kernel launch, a grid-stride loop; ``stream`` picks the CUDA stream.
 
 Importing this module imports ``numba.cuda``. Under Numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) the kernels run on the host, which is how they
@@ -29,10 +29,12 @@ from numba import config, cuda
 from hpcdist.kernels.cuda import _as_device, _is_c_contiguous, _launch_config
 
 __all__ = [
+    "adagrad",
     "adam",
     "clip_values",
     "device_context",
     "momentum",
+    "nadam",
     "rmsprop",
     "scale",
     "sgd",
@@ -111,6 +113,35 @@ def _rmsprop_kernel(
             p_out[i] = p - mb
         else:
             p_out[i] = p - inc
+
+
+@cuda.jit
+def _adagrad_kernel(p_in, p_out, g, acc, lr, eps, decay, zero):
+    for i in range(cuda.grid(1), p_in.shape[0], cuda.gridsize(1)):
+        p = p_in[i]
+        if decay != zero:
+            p = p - p * decay
+        gi = g[i]
+        a = acc[i] + gi * gi
+        acc[i] = a
+        p_out[i] = p - lr * gi / math.sqrt(a + eps)
+
+
+@cuda.jit
+def _nadam_kernel(p_in, p_out, g, m, v, lr, c1, c2, eps, c_m, c_g, c_v, decay, zero):
+    for i in range(cuda.grid(1), p_in.shape[0], cuda.gridsize(1)):
+        p = p_in[i]
+        if decay != zero:
+            p = p - p * decay
+        gi = g[i]
+        mi = m[i]
+        mi = mi + (gi - mi) * c1
+        m[i] = mi
+        vi = v[i]
+        vi = vi + (gi * gi - vi) * c2
+        v[i] = vi
+        m_hat = mi * c_m + gi * c_g
+        p_out[i] = p - (m_hat * lr) / (math.sqrt(vi * c_v) + eps)
 
 
 @cuda.jit
@@ -292,6 +323,34 @@ def rmsprop(
     args = (p_in, p_out, g, vel, avg, mom, centered, use_momentum, lr, rho)
     rest = (dtype.type(1) - rho, momentum_, eps, lr * wd, dtype.type(0))
     _launch(_rmsprop_kernel, p_in.shape[0], stream, *args, *rest)
+
+
+def adagrad(p_in: Any, p_out: Any, g: Any, acc: Any, hyper: Any, stream: Any = 0) -> None:
+    """Adagrad, ``hyper = [lr, epsilon, wd]`` (see the CPU ``adagrad``).
+
+    Example: ``adagrad(p, p, g, acc, [1e-3, 1e-7, 0.0])``.
+    """
+    p_in, p_out, g, acc = _flat("adagrad", {"p_in": p_in, "p_out": p_out, "g": g, "acc": acc})
+    dtype = np.dtype(p_in.dtype)
+    lr, eps, wd = _scalars("adagrad", hyper, dtype, ("lr", "epsilon", "wd"))
+    args = (p_in, p_out, g, acc, lr, eps, lr * wd, dtype.type(0))
+    _launch(_adagrad_kernel, p_in.shape[0], stream, *args)
+
+
+def nadam(p_in: Any, p_out: Any, g: Any, m: Any, v: Any, hyper: Any, stream: Any = 0) -> None:
+    """Nadam, ``hyper = [lr, beta_1, beta_2, epsilon, c_m, c_g, c_v, lr * wd]`` (see the CPU
+    ``nadam``).
+
+    Example: ``nadam(p, p, g, m, v, hyper)``.
+    """
+    arrays = {"p_in": p_in, "p_out": p_out, "g": g, "m": m, "v": v}
+    p_in, p_out, g, m, v = _flat("nadam", arrays)
+    dtype = np.dtype(p_in.dtype)
+    names = ("lr", "beta_1", "beta_2", "epsilon", "c_m", "c_g", "c_v", "lr*wd")
+    lr, b1, b2, eps, c_m, c_g, c_v, decay = _scalars("nadam", hyper, dtype, names)
+    one = dtype.type(1)
+    args = (p_in, p_out, g, m, v, lr, one - b1, one - b2, eps, c_m, c_g, c_v, decay)
+    _launch(_nadam_kernel, p_in.shape[0], stream, *args, dtype.type(0))
 
 
 def sum_squares(g: Any, stream: Any = 0) -> float:

@@ -14,28 +14,38 @@ Example:
 """
 
 from hpcdist.distribute.sharded_variable import embedding_lookup
-from hpcdist.nn import activations, backend, initializers, losses, metrics
+from hpcdist.nn import activations, backend, initializers, losses, metrics, regularizers
 from hpcdist.nn.autodiff import value_and_grad
-from hpcdist.nn.layers import Activation, Dense, Dropout, InputLayer, Layer
+from hpcdist.nn.embedding import Embedding
+from hpcdist.nn.layers import Activation, Dense, Dropout, Flatten, Input, InputLayer, Layer
 from hpcdist.nn.losses import compute_average_loss, scale_regularization_loss
 from hpcdist.nn.model import Model
+from hpcdist.nn.normalization import BatchNormalization, LayerNormalization
+from hpcdist.nn.saving import load_model
 from hpcdist.nn.sequential import Sequential
 
 __all__ = [
     "embedding_lookup",
     "Activation",
+    "BatchNormalization",
     "Dense",
     "Dropout",
+    "Embedding",
+    "Flatten",
+    "Input",
     "InputLayer",
     "Layer",
+    "LayerNormalization",
     "Model",
     "Sequential",
     "activations",
     "backend",
     "compute_average_loss",
     "initializers",
+    "load_model",
     "losses",
     "metrics",
+    "regularizers",
     "scale_regularization_loss",
     "value_and_grad",
 ]

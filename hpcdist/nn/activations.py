@@ -148,6 +148,17 @@ def _relu_backward(y: Any, dy: Any) -> Any:
     return dy * (y > 0)
 
 
+def _leaky_relu_forward(x: Any) -> tuple[Any, Any]:
+    slope = x.dtype.type(LEAKY_RELU_SLOPE)
+    positive = x > 0
+    return array_module(x).where(positive, x, x * slope), positive
+
+
+def _leaky_relu_backward(positive: Any, dy: Any) -> Any:
+    slope = dy.dtype.type(LEAKY_RELU_SLOPE)
+    return array_module(dy).where(positive, dy, dy * slope)
+
+
 def _sigmoid_forward(x: Any) -> tuple[Any, Any]:
     y = _sigmoid(x)
     return y, y
@@ -235,6 +246,10 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 linear = ActivationFunction("linear", _linear_forward, _linear_backward)
 #: ``max(x, 0)``.
 relu = ActivationFunction("relu", _relu_forward, _relu_backward)
+#: Keras 3's default slope of :data:`leaky_relu` for negative inputs.
+LEAKY_RELU_SLOPE = 0.2
+#: ``x`` for ``x > 0``, else ``0.2 * x`` (``keras.activations.leaky_relu``, negative_slope=0.2).
+leaky_relu = ActivationFunction("leaky_relu", _leaky_relu_forward, _leaky_relu_backward)
 #: ``1 / (1 + exp(-x))``.
 sigmoid = ActivationFunction("sigmoid", _sigmoid_forward, _sigmoid_backward)
 #: The hyperbolic tangent.
@@ -255,6 +270,7 @@ selu = ActivationFunction("selu", *_elu_like(_SELU_SCALE, _SELU_ALPHA))
 _BY_NAME: dict[str, ActivationFunction] = {
     f.name: f for f in (linear, relu, sigmoid, tanh, softmax, gelu, softplus, swish, elu, selu)
 }
+_BY_NAME["leaky_relu"] = leaky_relu
 _BY_NAME["silu"] = swish
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hpcdist.arrays import array_module
+from hpcdist.distribute import context
 from hpcdist.nn.tape import Traced
 
 
@@ -38,6 +39,9 @@ def value_and_grad(
     with ``return_outputs=True`` the predictions come third. ``loss_fn(y, y_pred[,
     sample_weight])`` must return a scalar ``Traced`` (a loss object with reduction SUM or
     SUM_OVER_BATCH_SIZE, or ``compute_average_loss`` of per-example losses).
+    A model with regularizers gets ``model.losses`` added to the loss and their gradients
+    to ``grads``, divided by ``num_replicas_in_sync`` (as ``scale_regularization_loss``):
+    summed over replicas they are one process's.
 
     Example: ``step = value_and_grad(model, lambda y, p: hd.nn.compute_average_loss(
     per_example(y, p), global_batch_size=64))``; ``loss, grads = step(x, y)``.
@@ -71,6 +75,13 @@ def value_and_grad(
             )
         grads = model.backward(caches, loss.grad)
         value = array_module(loss.value).reshape(loss.value, ())
+        regularization = getattr(model, "_regularization", None)
+        if regularization is not None:
+            ctx = context.get_replica_context()
+            n = 1 if ctx is None else int(ctx.num_replicas_in_sync)
+            reg = regularization(grads, 1.0 / n)
+            if reg:
+                value = value + value.dtype.type(reg)
         if return_outputs:
             return value, grads, y_pred
         return value, grads

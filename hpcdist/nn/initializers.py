@@ -371,6 +371,8 @@ _CLASSES: dict[str, type[Initializer]] = {
 _BY_NAME: dict[str, type[Initializer]] = {
     re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower(): cls for name, cls in _CLASSES.items()
 }
+_BY_NAME["uniform"] = RandomUniform  # Keras's short names (Embedding's default)
+_BY_NAME["normal"] = RandomNormal
 
 
 def get(identifier: Any) -> Initializer | Callable[..., Any] | None:

@@ -1,4 +1,6 @@
-"""Layers with explicit forward and backward passes: Dense, Activation, Dropout, InputLayer.
+"""Layers with explicit forward and backward passes: Dense, Activation, Dropout, InputLayer,
+Input, Flatten (normalization: :mod:`hpcdist.nn.normalization`; Embedding:
+:mod:`hpcdist.nn.embedding`).
 
 ``forward(x, training)`` returns ``(y, cache)`` and ``backward(cache, dy)``
 returns ``(dx, grads)``, ``grads`` aligned with ``layer.trainable_weights``.
@@ -34,6 +36,7 @@ from hpcdist.distribute.variables import Variable, VariableAggregation, Variable
 from hpcdist.nn import activations as activations_mod
 from hpcdist.nn import backend
 from hpcdist.nn import initializers as initializers_mod
+from hpcdist.nn import regularizers as regularizers_mod
 
 _FLOATS = ("float16", "float32", "float64")
 
@@ -142,6 +145,7 @@ class Layer:
         self.dtype = resolve_dtype(dtype)
         self._trainable_weights: list[Variable] = []
         self._non_trainable_weights: list[Variable] = []
+        self._regularized: list[tuple[Variable, Any]] = []
         self._batch_input_shape: tuple | None = None
         if input_shape is not None:
             self._batch_input_shape = (None, *_shape_tuple(input_shape, "input_shape"))
@@ -212,8 +216,12 @@ class Layer:
         *,
         synchronization: VariableSynchronization | str = VariableSynchronization.AUTO,
         aggregation: VariableAggregation | str = VariableAggregation.NONE,
+        regularizer: Any = None,
     ) -> Variable:
         """Create a weight ``"<layer name>/<name>"`` in the current strategy scope.
+
+        A ``regularizer`` (:mod:`hpcdist.nn.regularizers`) adds its penalty of
+        the weight to :attr:`losses`.
 
         Example: ``self.kernel = self.add_weight("kernel", (n_in, n_out), "glorot_uniform")``.
         """
@@ -237,7 +245,19 @@ class Layer:
             aggregation=aggregation,
         )
         (self._trainable_weights if trainable else self._non_trainable_weights).append(var)
+        reg = regularizers_mod.get(regularizer)
+        if reg is not None:
+            self._regularized.append((var, reg))
         return var
+
+    @property
+    def losses(self) -> list[Any]:
+        """The regularization penalties of the weights, now (0-d arrays; ``tf.keras``'s
+        ``layer.losses``). Inside ``strategy.run`` they use this replica's weights.
+
+        Example: ``Dense(2, kernel_regularizer="l2").losses`` after building.
+        """
+        return [reg(var._read()) for var, reg in self._regularized]
 
     def compute_output_shape(self, input_shape: tuple) -> tuple:
         """The output shape for ``input_shape`` (the same, unless a subclass says otherwise).
@@ -372,8 +392,12 @@ class Dense(Layer):
         dtype: Any = None,
         name: str | None = None,
         trainable: bool = True,
+        kernel_regularizer: Any = None,
+        bias_regularizer: Any = None,
     ) -> None:
         super().__init__(trainable=trainable, name=name, dtype=dtype, input_shape=input_shape)
+        self.kernel_regularizer = regularizers_mod.get(kernel_regularizer)
+        self.bias_regularizer = regularizers_mod.get(bias_regularizer)
         if isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units <= 0:
             raise ValueError(f"Dense units is {units!r}; expected a positive integer")
         self.units = int(units)
@@ -389,10 +413,15 @@ class Dense(Layer):
                 f"found input shape {tuple(input_shape)}"
             )
         n_in = input_shape[-1]
-        self.kernel = self.add_weight("kernel", (n_in, self.units), self.kernel_initializer)
+        self.kernel = self.add_weight(
+            "kernel", (n_in, self.units), self.kernel_initializer,
+            regularizer=self.kernel_regularizer,
+        )  # fmt: skip
         self.bias = None
         if self.use_bias:
-            self.bias = self.add_weight("bias", (self.units,), self.bias_initializer)
+            self.bias = self.add_weight(
+                "bias", (self.units,), self.bias_initializer, regularizer=self.bias_regularizer
+            )
         self.built = True
 
     def compute_output_shape(self, input_shape: tuple) -> tuple:
@@ -451,6 +480,10 @@ class Dense(Layer):
             kernel_initializer=initializers_mod.serialize(self.kernel_initializer),
             bias_initializer=initializers_mod.serialize(self.bias_initializer),
         )
+        if self.kernel_regularizer is not None:
+            config["kernel_regularizer"] = regularizers_mod.serialize(self.kernel_regularizer)
+        if self.bias_regularizer is not None:
+            config["bias_regularizer"] = regularizers_mod.serialize(self.bias_regularizer)
         return config
 
 
@@ -560,3 +593,53 @@ class Dropout(Layer):
         config = super().get_config()
         config.update(rate=self.rate, seed=self.seed)
         return config
+
+
+def Input(  # noqa: N802 - Keras's name
+    shape: tuple | None = None,
+    batch_size: int | None = None,
+    dtype: Any = None,
+    name: str | None = None,
+) -> InputLayer:
+    """The input of a model (``keras.Input``): an :class:`InputLayer` of ``shape`` (no batch).
+
+    ``Sequential([Input((10,)), Dense(1)])`` builds at construction, as in Keras.
+    There are no symbolic tensors here: ``Input`` is only for ``Sequential``.
+
+    Example: ``model = Sequential([Input(shape=(784,)), Dense(10)])``.
+    """
+    if shape is None:
+        raise ValueError("Input needs shape, the input shape without the batch size, e.g. (10,)")
+    return InputLayer(input_shape=shape, batch_size=batch_size, dtype=dtype, name=name)
+
+
+class Flatten(Layer):
+    """Flattens each example to one dimension: ``(batch, d1, d2, ...)`` to ``(batch, d1*d2*...)``
+    (``keras.layers.Flatten``); no weights. A 1-D input becomes ``(batch, 1)``.
+
+    Example:
+        >>> import numpy as np
+        >>> Flatten()(np.zeros((2, 3, 4))).shape
+        (2, 12)
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.built = True
+
+    def compute_output_shape(self, input_shape: tuple) -> tuple:
+        rest = tuple(input_shape)[1:]
+        size = None if any(d is None for d in rest) else int(np.prod(rest, dtype=np.int64))
+        return (input_shape[0], size)
+
+    def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
+        x = cast_input(x, self.dtype)
+        if x.ndim == 0:
+            raise ValueError(f"Flatten layer {self.name!r} needs a batch of inputs, got a scalar")
+        return x.reshape(x.shape[0], -1), tuple(x.shape)
+
+    def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
+        dy = cast_input(dy, self.dtype)
+        expected = (cache[0], int(np.prod(cache[1:], dtype=np.int64)))
+        _check_shape(f"Flatten layer {self.name!r}", expected, dy.shape)
+        return dy.reshape(cache), []

@@ -1,7 +1,8 @@
 """Losses with Keras's formulas and reductions, differentiable through :class:`Traced`.
 
 Per-example functions (``binary_crossentropy``, ``categorical_crossentropy``,
-``sparse_categorical_crossentropy``, ``mean_squared_error``) give one loss per
+``sparse_categorical_crossentropy``, ``mean_squared_error``, ``mean_absolute_error``,
+``huber``) give one loss per
 example (the mean or sum over the last axis, as Keras). Loss classes apply
 sample weights and a :class:`Reduction`. Given ``Traced.leaf(y_pred)`` they
 return ``Traced`` values whose ``.grad`` is the exact derivative of the value
@@ -21,7 +22,8 @@ Formulas (TF-Keras 2.x, ``eps = backend.epsilon()``, ``c = clip(p, eps, 1 - eps)
   ``-sum(t * log_softmax(x))``; label smoothing ``t*(1-s) + s/num_classes``.
 * sparse categorical: ``-log_softmax(log(c))[label]`` (``= log(sum c) - log c[label]``);
   logits: ``-log_softmax(x)[label]``.
-* mean squared error: ``mean((p - t)**2)``.
+* mean squared error: ``mean((p - t)**2)``; mean absolute error: ``mean(|p - t|)``.
+* Huber: with ``e = p - t``, ``q = min(|e|, delta)``: ``mean(0.5 * q**2 + delta * (|e| - q))``.
 
 Example:
     >>> import numpy as np
@@ -313,6 +315,41 @@ def mean_squared_error(y_true: Any, y_pred: Any) -> Any:
     return from_last_axis(y_pred, value, jac)
 
 
+def mean_absolute_error(y_true: Any, y_pred: Any) -> Any:
+    """Per-example mean absolute error over the last axis (gradient ``sign(p - t) / n``).
+
+    Example: ``mean_absolute_error(np.array([[0.0, 1.0]]), np.array([[1.0, 3.0]]))`` is
+    ``array([1.5])``.
+    """
+    p, xp = _pred(y_pred)
+    t = _true_like(y_true, p, xp, "mean_absolute_error")
+    diff = p - t
+    value = xp.mean(xp.abs(diff), axis=-1)
+    jac = xp.sign(diff) * p.dtype.type(1.0 / p.shape[-1]) if isinstance(y_pred, Traced) else None
+    return from_last_axis(y_pred, value, jac)
+
+
+def huber(y_true: Any, y_pred: Any, delta: float = 1.0) -> Any:
+    """Per-example Huber loss over the last axis: quadratic for ``|p - t| <= delta``, linear
+    beyond (gradient ``clip(p - t, -delta, delta) / n``).
+
+    Example: ``huber(np.array([[0.0, 0.0]]), np.array([[0.5, 3.0]]))`` is
+    ``array([1.3125])`` (``(0.125 + 2.5) / 2``).
+    """
+    p, xp = _pred(y_pred)
+    t = _true_like(y_true, p, xp, "huber")
+    d = p.dtype.type(delta)
+    diff = p - t
+    err = xp.abs(diff)
+    quad = xp.minimum(err, d)
+    value = xp.mean(p.dtype.type(0.5) * quad * quad + d * (err - quad), axis=-1)
+    need = isinstance(y_pred, Traced)
+    jac = xp.clip(diff, -d, d) * p.dtype.type(1.0 / p.shape[-1]) if need else None
+    return from_last_axis(y_pred, value, jac)
+
+
+#: Keras's short names of :func:`mean_absolute_error`.
+mae = MAE = mean_absolute_error
 #: Keras's short names of :func:`mean_squared_error`.
 mse = MSE = mean_squared_error
 #: Keras's short names of :func:`binary_crossentropy`.
@@ -584,6 +621,32 @@ class MeanSquaredError(LossFunctionWrapper):
         super().__init__(mean_squared_error, reduction=reduction, name=name)
 
 
+class MeanAbsoluteError(LossFunctionWrapper):
+    """Mean absolute error (``tf.keras.losses.MeanAbsoluteError``).
+
+    Example: ``MeanAbsoluteError()(y, y_pred)``.
+    """
+
+    def __init__(self, reduction: str = Reduction.AUTO, name: str = "mean_absolute_error") -> None:
+        super().__init__(mean_absolute_error, reduction=reduction, name=name)
+
+
+class Huber(LossFunctionWrapper):
+    """Huber loss (``tf.keras.losses.Huber``): squared error below ``delta``, linear above.
+
+    Example: ``Huber(delta=0.5)(y, y_pred)``.
+    """
+
+    def __init__(
+        self, delta: float = 1.0, reduction: str = Reduction.AUTO, name: str = "huber_loss"
+    ) -> None:
+        delta = float(delta)
+        if not delta >= 0:
+            raise ValueError(f"Huber delta is {delta!r}; expected a number >= 0")
+        super().__init__(huber, reduction=reduction, name=name, delta=delta)
+        self.delta = delta
+
+
 _BY_NAME: dict[str, type[Loss]] = {
     "binary_crossentropy": BinaryCrossentropy,
     "bce": BinaryCrossentropy,
@@ -592,12 +655,18 @@ _BY_NAME: dict[str, type[Loss]] = {
     "sparse_categorical_crossentropy": SparseCategoricalCrossentropy,
     "mean_squared_error": MeanSquaredError,
     "mse": MeanSquaredError,
+    "mean_absolute_error": MeanAbsoluteError,
+    "mae": MeanAbsoluteError,
+    "huber": Huber,
+    "huber_loss": Huber,
 }
 for _cls in (
     BinaryCrossentropy,
     CategoricalCrossentropy,
     SparseCategoricalCrossentropy,
     MeanSquaredError,
+    MeanAbsoluteError,
+    Huber,
 ):
     _BY_NAME[_cls.__name__.lower()] = _cls
 
@@ -606,8 +675,9 @@ def get(identifier: Any) -> Any:
     """A loss object from a name, a :class:`Loss` (returned as is) or a callable.
 
     Names: ``"binary_crossentropy"``/``"bce"``, ``"categorical_crossentropy"``,
-    ``"sparse_categorical_crossentropy"``, ``"mean_squared_error"``/``"mse"`` and
-    the class names; a name gives a new object with the default arguments.
+    ``"sparse_categorical_crossentropy"``, ``"mean_squared_error"``/``"mse"``,
+    ``"mean_absolute_error"``/``"mae"``, ``"huber"`` and the class names; a name gives a
+    new object with the default arguments.
 
     Example: ``get("mse")`` is a ``MeanSquaredError``.
     """

@@ -340,6 +340,47 @@ def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> Any:
     return (xp.argmax(p, axis=-1).astype(t.dtype) == t).astype(np.float64)
 
 
+def top_k_categorical_accuracy(y_true: Any, y_pred: Any, k: int = 5) -> Any:
+    """1.0 where the class of the one-hot ``y_true`` is among the ``k`` largest predictions.
+
+    Ties at the boundary count as in the top ``k`` (``tf.math.in_top_k``): the
+    target is in when fewer than ``k`` classes score strictly higher.
+
+    Example: ``top_k_categorical_accuracy(np.array([[0, 0, 1]]), np.array([[0.5, 0.3, 0.2]]),
+    k=2)`` is ``array([0.])``.
+    """
+    p = _plain(y_pred)
+    xp = array_module(p)
+    t = xp.asarray(_plain(y_true))
+    if tuple(t.shape) != tuple(p.shape):
+        raise ValueError(
+            f"top_k_categorical_accuracy: y_true has shape {tuple(t.shape)} but y_pred has shape "
+            f"{tuple(p.shape)}; use sparse_top_k_categorical_accuracy for integer class ids"
+        )
+    return _in_top_k(p, xp.argmax(t, axis=-1), k)
+
+
+def sparse_top_k_categorical_accuracy(y_true: Any, y_pred: Any, k: int = 5) -> Any:
+    """1.0 where the integer class id ``y_true`` is among the ``k`` largest predictions.
+
+    Example: ``sparse_top_k_categorical_accuracy(np.array([1]), np.array([[0.5, 0.3, 0.2]]),
+    k=2)`` is ``array([1.])``.
+    """
+    p = _plain(y_pred)
+    xp = array_module(p)
+    t = xp.asarray(_plain(y_true))
+    if t.ndim == p.ndim and t.shape[-1] == 1:
+        t = t[..., 0]
+    return _in_top_k(p, t.astype(np.int64), k)
+
+
+def _in_top_k(p: Any, target: Any, k: int) -> Any:
+    xp = array_module(p)
+    score = xp.take_along_axis(p, xp.expand_dims(target, -1), axis=-1)
+    higher = xp.sum(p > score, axis=-1)
+    return (higher < int(k)).astype(np.float64)
+
+
 class Accuracy(MeanMetricWrapper):
     """How often predictions equal labels exactly (``tf.keras.metrics.Accuracy``).
 
@@ -381,11 +422,47 @@ class SparseCategoricalAccuracy(MeanMetricWrapper):
         super().__init__(sparse_categorical_accuracy, name=name, dtype=dtype)
 
 
+class TopKCategoricalAccuracy(MeanMetricWrapper):
+    """How often the one-hot target is among the ``k`` largest predictions
+    (``keras.metrics.TopKCategoricalAccuracy``, ``k=5``).
+
+    Example: ``TopKCategoricalAccuracy(k=2)(onehot, probs)``.
+    """
+
+    def __init__(self, k: int = 5, name: str = "top_k_categorical_accuracy", dtype: Any = None):
+        super().__init__(top_k_categorical_accuracy, name=name, dtype=dtype, k=int(k))
+        self.k = int(k)
+
+
+class SparseTopKCategoricalAccuracy(MeanMetricWrapper):
+    """How often the integer class id is among the ``k`` largest predictions
+    (``keras.metrics.SparseTopKCategoricalAccuracy``, ``k=5``).
+
+    Example: ``SparseTopKCategoricalAccuracy(k=3)(labels, probs)``.
+    """
+
+    def __init__(
+        self, k: int = 5, name: str = "sparse_top_k_categorical_accuracy", dtype: Any = None
+    ):
+        super().__init__(sparse_top_k_categorical_accuracy, name=name, dtype=dtype, k=int(k))
+        self.k = int(k)
+
+
 # -- lookup and batched results --------------------------------------------------------------------
 _CLASSES: dict[str, type[Metric]] = {
     c.__name__: c
-    for c in (Mean, Sum, Accuracy, BinaryAccuracy, CategoricalAccuracy, SparseCategoricalAccuracy)
+    for c in (Mean, Sum, Accuracy, BinaryAccuracy, CategoricalAccuracy, SparseCategoricalAccuracy,
+              TopKCategoricalAccuracy, SparseTopKCategoricalAccuracy)  # fmt: skip
 }
+
+
+def _classes() -> dict[str, type[Metric]]:
+    """Every metric class by name, those of :mod:`hpcdist.nn.confusion_metrics` too."""
+    from hpcdist.nn import confusion_metrics
+
+    extra = {c.__name__: c for c in (confusion_metrics.Precision, confusion_metrics.Recall,
+                                     confusion_metrics.AUC)}  # fmt: skip
+    return {**_CLASSES, **extra}
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "binary_accuracy": binary_accuracy,
     "categorical_accuracy": categorical_accuracy,
@@ -396,6 +473,8 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sparse_categorical_crossentropy": losses_mod.sparse_categorical_crossentropy,
     "mean_squared_error": losses_mod.mean_squared_error,
     "mse": losses_mod.mean_squared_error,
+    "mean_absolute_error": losses_mod.mean_absolute_error,
+    "mae": losses_mod.mean_absolute_error,
 }
 
 
@@ -455,9 +534,12 @@ def get(identifier: Any, loss: Any = None, output_shape: Any = None) -> Metric:
         key = identifier.strip()
         if key.lower() in ("accuracy", "acc") and key != "Accuracy":
             return _accuracy_for(key, loss, output_shape)
-        if key in _CLASSES:
-            return _CLASSES[key]()
-        by_snake = {_snake(n): c for n, c in _CLASSES.items()}
+        classes = _classes()
+        if key in classes:
+            return classes[key]()
+        by_snake = {_snake(n): c for n, c in classes.items()}
+        by_snake["auc"] = classes["AUC"]
+        by_snake.pop("a_u_c")
         if key in by_snake:
             return by_snake[key]()
         if key in _FUNCTIONS:
@@ -506,3 +588,13 @@ def results(metrics: Sequence[Metric]) -> list[float]:
         for var, value in zip(variables, reduced, strict=True):
             state[id(var)] = to_host(value)
     return [m._result([state[id(v)] for v in m._variables]) for m in metrics]
+
+
+def __getattr__(name: str) -> Any:
+    """``metrics.Precision``, ``metrics.Recall``, ``metrics.AUC`` (defined in
+    :mod:`hpcdist.nn.confusion_metrics`, which imports this module)."""
+    if name in ("Precision", "Recall", "AUC"):
+        from hpcdist.nn import confusion_metrics
+
+        return getattr(confusion_metrics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

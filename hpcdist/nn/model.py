@@ -367,6 +367,37 @@ class Model:
     non_trainable_variables = non_trainable_weights
     variables = weights
 
+    @property
+    def losses(self) -> list[Any]:
+        """The regularization penalties of all layers, now (``keras.Model.losses``).
+
+        Example: ``total = loss + sum(model.losses)`` (``fit`` adds them itself).
+        """
+        return [p for layer in self._layers for p in layer.losses]
+
+    def _regularization(self, grads: list[Any] | None, scale: float) -> float:
+        """``scale * sum(self.losses)``; adds ``scale *`` their gradients to ``grads`` (aligned
+        with :attr:`trainable_variables`, added in place where possible). 0.0 without any."""
+        terms = [(var, reg) for layer in self._layers for var, reg in layer._regularized]
+        if not terms:
+            return 0.0
+        position = {id(v): i for i, v in enumerate(self.trainable_variables)}
+        total = 0.0
+        for var, reg in terms:
+            w = var._read()
+            total += float(to_host(reg(w)))
+            i = position.get(id(var))
+            if grads is None or i is None:
+                continue
+            delta = reg.gradient(w) * w.dtype.type(scale)
+            g = grads[i]
+            flags = getattr(g, "flags", None)
+            if getattr(flags, "writeable", True) and getattr(g, "dtype", None) == w.dtype:
+                g += delta  # in the model's flat gradient buffer: the optimizer packs nothing
+            else:
+                grads[i] = g + delta
+        return total * scale
+
     def count_params(self) -> int:
         """The number of scalars in all weights.
 
@@ -426,6 +457,20 @@ class Model:
             v.assign(w)
 
     # -- files -------------------------------------------------------------------------------
+    def save(self, filepath: str | os.PathLike, overwrite: bool = True) -> None:
+        """Save the architecture, the weights and the optimizer state (``keras.Model.save``).
+
+        ``filepath`` becomes a directory with a JSON manifest and an ``.npz`` of
+        the arrays (no pickle); :func:`hpcdist.nn.load_model` restores it on any
+        number of workers. Collective under a multi-worker strategy (every
+        worker calls it; the chief writes). See :mod:`hpcdist.nn.saving`.
+
+        Example: ``model.save("runs/model.keras")``.
+        """
+        from hpcdist.nn.saving import save_model
+
+        save_model(self, filepath, overwrite=overwrite)
+
     def save_weights(self, filepath: str | os.PathLike) -> None:
         """Write all weights to ``filepath`` as ``.npz`` (chief only, atomically, no pickle).
 

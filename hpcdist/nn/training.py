@@ -81,6 +81,7 @@ class Trainer:
             self.compiled_metrics = [
                 metrics_mod.get(m, loss=loss, output_shape=shape) for m in (metrics or [])
             ]
+        self._compile_metrics = list(metrics or [])  # as given (what model.save records)
         self._per_example = copy.copy(self._loss_obj)
         self._per_example.reduction = "none"
         reduction = str(getattr(self._loss_obj, "reduction", "auto")).lower()
@@ -125,10 +126,15 @@ class Trainer:
                 return self._per_example(y, y_pred)
             return self._per_example(y, y_pred, sample_weight=sample_weight)
 
-    def _track(self, per_example_sum: Any, n_local: int, n_global: float, denominator: float):
+    def _track(
+        self, per_example_sum: Any, n_local: int, n_global: float, denominator: float,
+        regularization: float = 0.0,
+    ):  # fmt: skip
         # The logged loss is the mean of the steps' losses weighted by their example counts
         # (Keras weights by batch size): each replica adds its share of loss * n_global.
+        # The regularization penalty (the same on every replica) is added to each share.
         value = 0.0 if n_local == 0 else per_example_sum * (n_global / denominator) / n_local
+        value += regularization
         self._loss_tracker.update_state(np.float64(value), sample_weight=np.float64(n_local))
 
     def train_step(self, data: Any) -> None:
@@ -144,8 +150,12 @@ class Trainer:
         denominator = max(n_global, 1.0) if self._mean_loss else 1.0
         loss = per_example.sum() / denominator
         grads = self.backward(caches, loss.grad)
+        # Keras adds model.losses scaled by 1 / num_replicas: the summed gradients are one
+        # process's (scale_regularization_loss).
+        reg = self._regularization(grads, 1.0 / _num_replicas())
         self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
-        self._track(float(to_host(per_example.value).sum()), n_local, n_global, denominator)
+        self._track(float(to_host(per_example.value).sum()), n_local, n_global, denominator,
+                    reg * _num_replicas())  # fmt: skip
         for m in self.compiled_metrics:
             m.update_state(y, y_pred, sample_weight=w)
 
@@ -160,10 +170,11 @@ class Trainer:
         per_example = self._per_example_loss(y, y_pred, w)
         value = per_example.value if isinstance(per_example, Traced) else per_example
         total = float(to_host(array_module(value).sum(value)))
+        reg = self._regularization(None, 1.0)
         if self._mean_loss:
-            self._track(total, n_local, 1.0, 1.0)
+            self._track(total, n_local, 1.0, 1.0, reg)
         else:
-            self._track(total, n_local, _global_count(n_local), 1.0)
+            self._track(total, n_local, _global_count(n_local), 1.0, reg)
         for m in self.compiled_metrics:
             m.update_state(y, y_pred, sample_weight=w)
 
@@ -178,7 +189,7 @@ class Trainer:
     # -- loops ----------------------------------------------------------------------------------
     def _logs(self, prefix: str = "") -> dict[str, float]:
         values = metrics_mod.results(self.metrics)
-        return {prefix + m.name: float(v) for m, v in zip(self.metrics, values, strict=True)}
+        return {prefix + m.name: _log_value(v) for m, v in zip(self.metrics, values, strict=True)}
 
     def _reset_metrics(self) -> None:
         for m in self.metrics:
@@ -428,6 +439,20 @@ class Trainer:
             raise ValueError("predict got no data: the input is empty")
         xp = array_module(outputs[0])
         return xp.concatenate(outputs, axis=0)
+
+
+def _log_value(value: Any) -> Any:
+    """A metric's result for the logs: a float, or a list of floats (Precision with several
+    thresholds, as Keras logs an array)."""
+    if np.ndim(value) == 0:
+        return float(value)
+    return [float(v) for v in np.ravel(value)]
+
+
+def _num_replicas() -> int:
+    """``num_replicas_in_sync`` of the current replica context (1 outside any strategy)."""
+    ctx = context.get_replica_context()
+    return 1 if ctx is None else int(ctx.num_replicas_in_sync)
 
 
 def _global_count(n_local: int) -> float:

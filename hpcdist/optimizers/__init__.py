@@ -1,4 +1,5 @@
-"""Optimizers with fused flat-buffer updates (``keras.optimizers``): SGD, Adam, AdamW, RMSprop.
+"""Optimizers with fused flat-buffer updates (``keras.optimizers``): SGD, Adam, AdamW, RMSprop,
+Adagrad, Nadam.
 
 Use them as in Keras; inside ``strategy.run`` ``apply_gradients`` sums the
 gradients over all replicas and workers with one allreduce, then updates
@@ -21,16 +22,20 @@ from __future__ import annotations
 from typing import Any
 
 from hpcdist.optimizers import schedules
+from hpcdist.optimizers.adagrad import Adagrad
 from hpcdist.optimizers.adam import Adam, AdamW
 from hpcdist.optimizers.clipping import clip_by_global_norm
+from hpcdist.optimizers.nadam import Nadam
 from hpcdist.optimizers.optimizer import Optimizer
 from hpcdist.optimizers.rmsprop import RMSprop
 from hpcdist.optimizers.sgd import SGD
 
 __all__ = [
     "SGD",
+    "Adagrad",
     "Adam",
     "AdamW",
+    "Nadam",
     "Optimizer",
     "RMSprop",
     "clip_by_global_norm",
@@ -45,6 +50,8 @@ _BY_NAME: dict[str, type[Optimizer]] = {
     "adam": Adam,
     "adamw": AdamW,
     "rmsprop": RMSprop,
+    "adagrad": Adagrad,
+    "nadam": Nadam,
 }
 
 
@@ -71,14 +78,14 @@ def deserialize(config: dict[str, Any]) -> Optimizer:
     if cls is None:
         raise ValueError(
             f"unknown optimizer class {config['class_name']!r}; expected one of "
-            "SGD, Adam, AdamW, RMSprop"
+            "SGD, Adam, AdamW, RMSprop, Adagrad, Nadam"
         )
     return cls.from_config(dict(config.get("config", {})))
 
 
 def get(identifier: Any) -> Optimizer:
-    """An optimizer from a name (``"adam"``, ``"sgd"``, ``"rmsprop"``, ``"adamw"``), a config
-    dict or an optimizer (returned as it is).
+    """An optimizer from a name (``"adam"``, ``"sgd"``, ``"rmsprop"``, ``"adamw"``,
+    ``"adagrad"``, ``"nadam"``), a config dict or an optimizer (returned as it is).
 
     Example: ``get("sgd")`` is ``SGD()`` with Keras's defaults.
     """
@@ -92,5 +99,5 @@ def get(identifier: Any) -> Optimizer:
             return cls()
     raise ValueError(
         f"Could not interpret optimizer identifier: {identifier!r}; expected 'adam', 'adamw', "
-        "'sgd', 'rmsprop', a config dict or an hpcdist.optimizers.Optimizer"
+        "'sgd', 'rmsprop', 'adagrad', 'nadam', a config dict or an hpcdist.optimizers.Optimizer"
     )

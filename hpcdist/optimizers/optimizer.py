@@ -286,6 +286,10 @@ class Optimizer:
         """The names of the slots each variable gets (in order)."""
         return ()
 
+    def _slot_initial_value(self, name: str) -> float:
+        """The value every element of slot ``name`` starts at (0; Adagrad's accumulator differs)."""
+        return 0.0
+
     def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         """The kernel's hyper-parameter array for this step, in ``dtype``."""
         raise NotImplementedError
@@ -367,9 +371,9 @@ class Optimizer:
             slots = {}
             proto = _component(v, 0)._value
             for s in slot_names:
-                zeros = array_module(proto).zeros(proto.shape, dtype)
+                initial = array_module(proto).full(proto.shape, self._slot_initial_value(s), dtype)
                 agg = VariableAggregation.MEAN
-                slots[s] = self._make_variable(v, zeros, f"{v.name}/{s}", agg)
+                slots[s] = self._make_variable(v, initial, f"{v.name}/{s}", agg)
             group.add(v, slots)
             self._entries[id(v)] = (v, slots)
             self._order.append(v)

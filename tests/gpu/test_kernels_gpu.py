@@ -22,9 +22,11 @@ from hpcdist.kernels import optim as cpu_optim
 from hpcdist.kernels import optim_cuda as gpu_optim
 from hpcdist.kernels.cuda import pack_cuda, reduce_slots_cuda, tensor_table, unpack_cuda
 from tests.unit.kernels.optim_sim_cases import (  # noqa: F401 - collected here, on the GPU
+    test_adagrad,
     test_adam,
     test_clipping_helpers,
     test_errors,
+    test_nadam,
     test_rmsprop,
     test_sgd_and_momentum,
 )
@@ -154,6 +156,16 @@ def _optim_case(name: str, dtype: np.dtype, variant: bool):
         return (lambda a, b, *st: cpu_optim.adam(a, b, *st, h),
                 lambda a, b, g, m, v, vh, st: gpu_optim.adam(a, b, g, m, v, vh, h, stream=st),
                 [p, g, s1, s2 * dtype.type(0.5), vhat])  # fmt: skip
+    if name == "adagrad":
+        h = np.array([0.05, 1e-7, 0.01 if variant else 0.0], dtype)
+        return (lambda a, b, g, acc: cpu_optim.adagrad(a, b, g, acc, h),
+                lambda a, b, g, acc, st: gpu_optim.adagrad(a, b, g, acc, h, stream=st),
+                [p, g, s2])  # fmt: skip
+    if name == "nadam":
+        h = np.array([0.01, 0.9, 0.999, 1e-7, 0.6, 1.1, 1.3, 0.001 if variant else 0.0], dtype)
+        return (lambda a, b, *st: cpu_optim.nadam(a, b, *st, h),
+                lambda a, b, g, m, v, st: gpu_optim.nadam(a, b, g, m, v, h, stream=st),
+                [p, g, s1, s2])  # fmt: skip
     h = np.array([0.01, 0.9, 0.8 if variant else 0.0, 1e-7, 0.01], dtype)
     avg = s2 * dtype.type(0.1) if variant else empty
     mom = s1 if variant else empty
@@ -162,12 +174,13 @@ def _optim_case(name: str, dtype: np.dtype, variant: bool):
             [p, g, s3, avg, mom])  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "rmsprop"])
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "rmsprop", "adagrad", "nadam"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("variant", [False, True], ids=["plain", "variant"])
 @pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "out_of_place"])
 def test_optimizer_kernels_on_cupy_match_the_cpu_kernels(cp, name, dtype, variant, in_place):
-    """``variant``: weight decay (sgd), nesterov, amsgrad, centered RMSprop with momentum."""
+    """``variant``: weight decay (sgd, adagrad, nadam), nesterov, amsgrad, centered RMSprop
+    with momentum."""
     dtype = np.dtype(dtype)
     cpu_call, gpu_call, hosts = _optim_case(name, dtype, variant)
     cpu_arrays = [h.copy() for h in hosts]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import hpcdist as hd
-from hpcdist.optimizers import SGD, Adam, RMSprop
+from hpcdist.optimizers import SGD, Adagrad, Adam, Nadam, RMSprop
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -42,7 +42,8 @@ def summed(step: int, n: int, dtypes) -> list[np.ndarray]:
 
 
 def reference_step(kind, params, grads, state, t, lr, global_clipnorm=None):
-    """Keras's SGD-momentum / Adam / RMSprop step in NumPy float64 (t: iterations before)."""
+    """Keras's SGD-momentum / Adam / RMSprop / Adagrad / Nadam step in NumPy float64 (t:
+    iterations before)."""
     if global_clipnorm is not None:
         norm = math.sqrt(sum(float(np.sum(g * g)) for g in grads))
         grads = [g * global_clipnorm / max(norm, global_clipnorm) for g in grads]
@@ -56,6 +57,16 @@ def reference_step(kind, params, grads, state, t, lr, global_clipnorm=None):
             s["b"] += (g * g - s["b"]) * (1 - 0.999)
             alpha = lr * math.sqrt(1 - 0.999 ** (t + 1)) / (1 - 0.9 ** (t + 1))
             p -= alpha * s["a"] / (np.sqrt(s["b"]) + 1e-7)
+        elif kind == "adagrad":  # initial accumulator 0.1
+            s["a"] = s["a"] + g * g + (0.1 if t == 0 else 0.0)
+            p -= lr * g / np.sqrt(s["a"] + 1e-7)
+        elif kind == "nadam":
+            u = [0.9 * (1 - 0.5 * 0.96**k) for k in range(1, t + 3)]  # u_1 ... u_{t+2}
+            product = float(np.prod(u[: t + 1]))
+            s["a"] += (g - s["a"]) * (1 - 0.9)
+            s["b"] += (g * g - s["b"]) * (1 - 0.999)
+            m_hat = u[t + 1] * s["a"] / (1 - product * u[t + 1]) + (1 - u[t]) * g / (1 - product)
+            p -= lr * m_hat / (np.sqrt(s["b"] / (1 - 0.999 ** (t + 1))) + 1e-7)
         else:  # rmsprop, centered
             s["a"] = 0.9 * s["a"] + 0.1 * g * g
             s["b"] = 0.9 * s["b"] + 0.1 * g
@@ -76,7 +87,7 @@ def _count_allreduces(s, monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-@pytest.mark.parametrize("kind", ["sgd", "adam", "rmsprop"])
+@pytest.mark.parametrize("kind", ["sgd", "adam", "rmsprop", "adagrad", "nadam"])
 @pytest.mark.parametrize("dtypes", [(np.float64, np.float64), (np.float32, np.float64)])
 def test_parameters_follow_the_summed_gradient(replicas, kind, dtypes, monkeypatch):
     s = strategy(replicas)
@@ -90,6 +101,8 @@ def test_parameters_follow_the_summed_gradient(replicas, kind, dtypes, monkeypat
             "sgd": lambda: SGD(lr, momentum=0.9),
             "adam": lambda: Adam(lr),
             "rmsprop": lambda: RMSprop(lr, centered=True),
+            "adagrad": lambda: Adagrad(lr),
+            "nadam": lambda: Nadam(lr),
         }[kind]()
     calls = _count_allreduces(s, monkeypatch)
 

@@ -99,6 +99,28 @@ def test_rmsprop(dtype, in_place, centered, with_momentum):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_adagrad(dtype, in_place):
+    p, g = _arrays(dtype, 2, seed=9)
+    acc = _positive(dtype, 10)
+    hyper = np.array([0.05, 1e-7, 0.01], dtype)
+    _compare(lambda a, b, *s: cpu.adagrad(a, b, *s, hyper),
+             lambda a, b, *s: gpu.adagrad(a, b, *s, hyper),
+             [p, g, acc], in_place, dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_nadam(dtype, in_place):
+    p, g, m = _arrays(dtype, 3, seed=11)
+    v = _positive(dtype, 12)
+    hyper = np.array([0.01, 0.9, 0.999, 1e-7, 0.6, 1.1, 1.3, 0.001], dtype)
+    _compare(lambda a, b, *s: cpu.nadam(a, b, *s, hyper),
+             lambda a, b, *s: gpu.nadam(a, b, *s, hyper),
+             [p, g, m, v], in_place, dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_clipping_helpers(dtype):
     (g,) = _arrays(dtype, 1, seed=8)
     g = g * dtype(3)

@@ -94,6 +94,23 @@ def ref_rmsprop(p, g, vel, avg, mom, lr, rho, momentum, eps, wd):
     return p - inc, vel, avg, mom
 
 
+def ref_adagrad(p, g, acc, lr, eps, wd):
+    t = p.dtype.type
+    p = ref_decay(p, lr, wd)
+    acc = acc + g * g
+    return p - t(lr) * g / np.sqrt(acc + t(eps)), acc
+
+
+def ref_nadam(p, g, m, v, lr, b1, b2, eps, c_m, c_g, c_v, lr_wd):
+    t = p.dtype.type
+    if lr_wd:
+        p = p - p * t(lr_wd)
+    m = m + (g - m) * (t(1) - t(b1))
+    v = v + (g * g - v) * (t(1) - t(b2))
+    m_hat = m * t(c_m) + g * t(c_g)
+    return p - (m_hat * t(lr)) / (np.sqrt(v * t(c_v)) + t(eps)), m, v
+
+
 # -- updates -------------------------------------------------------------------------------
 
 
@@ -161,6 +178,31 @@ def test_rmsprop(dtype, in_place, centered, with_momentum):
         np.testing.assert_allclose(avg, exp[2], **_tol(dtype))
     if with_momentum:
         np.testing.assert_allclose(mom, exp[3], **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize("wd", [0.0, 0.02])
+def test_adagrad(dtype, in_place, wd):
+    p, g, _, acc, _ = _data(dtype, seed=4)
+    exp_p, exp_acc = ref_adagrad(p.copy(), g, acc.copy(), 0.05, 1e-7, wd)
+    hyper = np.array([0.05, 1e-7, wd], dtype)
+    got = _run(lambda a, b: optim.adagrad(a, b, g, acc, hyper), p, in_place)
+    np.testing.assert_allclose(got, exp_p, **_tol(dtype))
+    np.testing.assert_allclose(acc, exp_acc, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize("lr_wd", [0.0, 0.002])
+def test_nadam(dtype, in_place, lr_wd):
+    p, g, m, v, _ = _data(dtype, seed=5)
+    consts = (0.01, 0.9, 0.999, 1e-7, 0.6, 1.1, 1.3, lr_wd)
+    exp = ref_nadam(p.copy(), g, m.copy(), v.copy(), *consts)
+    got = _run(lambda a, b: optim.nadam(a, b, g, m, v, np.array(consts, dtype)), p, in_place)
+    np.testing.assert_allclose(got, exp[0], **_tol(dtype))
+    np.testing.assert_allclose(m, exp[1], **_tol(dtype))
+    np.testing.assert_allclose(v, exp[2], **_tol(dtype))
 
 
 def test_arithmetic_happens_in_the_parameter_dtype():

@@ -10,7 +10,7 @@ import pytest
 
 import hpcdist as hd
 from hpcdist import optimizers
-from hpcdist.optimizers import SGD, Adam, AdamW, RMSprop, schedules
+from hpcdist.optimizers import SGD, Adagrad, Adam, AdamW, Nadam, RMSprop, schedules
 
 SHAPES = [(3, 4), (5,), ()]
 
@@ -20,7 +20,8 @@ class Reference:
 
     def __init__(self, kind, learning_rate=0.01, *, weight_decay=None, clipnorm=None,
                  clipvalue=None, global_clipnorm=None, momentum=0.0, nesterov=False, beta_1=0.9,
-                 beta_2=0.999, epsilon=1e-7, amsgrad=False, rho=0.9, centered=False):  # fmt: skip
+                 beta_2=0.999, epsilon=1e-7, amsgrad=False, rho=0.9, centered=False,
+                 initial_accumulator_value=0.1):  # fmt: skip
         self.kind = kind
         self.lr = learning_rate
         self.wd = weight_decay
@@ -28,6 +29,8 @@ class Reference:
         self.momentum, self.nesterov = momentum, nesterov
         self.b1, self.b2, self.eps, self.amsgrad = beta_1, beta_2, epsilon, amsgrad
         self.rho, self.centered = rho, centered
+        self.initial_accumulator_value = initial_accumulator_value
+        self.u_product = 1.0  # Nadam's product of momentum-schedule values (a Keras variable)
         self.iterations = 0
         self.state: dict[int, dict[str, np.ndarray]] = {}
 
@@ -47,6 +50,10 @@ class Reference:
         """Apply ``grads`` (``None`` entries skipped) to ``params`` (float64 arrays, in place)."""
         lr = self.lr(self.iterations) if callable(self.lr) else self.lr
         given = {i: np.asarray(g, np.float64) for i, g in enumerate(grads) if g is not None}
+        if self.kind == "nadam":  # Keras updates u_product once per step, before the variables
+            u_t = self.b1 * (1.0 - 0.5 * 0.96 ** (self.iterations + 1))
+            u_next = self.b1 * (1.0 - 0.5 * 0.96 ** (self.iterations + 2))
+            self.u_product *= u_t
         for i, g in self._clip(given).items():
             p = params[i]
             if self.wd:
@@ -72,6 +79,19 @@ class Reference:
                     np.maximum(vhat, v, out=vhat)
                     denom = vhat
                 p -= alpha * m / (np.sqrt(denom) + self.eps)
+            elif self.kind == "adagrad":
+                acc = s.setdefault("accumulator", np.full_like(p, self.initial_accumulator_value))
+                acc += g * g
+                p -= lr * g / np.sqrt(acc + self.eps)
+            elif self.kind == "nadam":
+                t = self.iterations + 1
+                m, v = s.setdefault("m", zeros()), s.setdefault("v", zeros())
+                m += (g - m) * (1 - self.b1)
+                v += (g * g - v) * (1 - self.b2)
+                m_hat = (u_next * m / (1 - self.u_product * u_next)
+                         + (1 - u_t) * g / (1 - self.u_product))  # fmt: skip
+                v_hat = v / (1 - self.b2**t)
+                p -= lr * m_hat / (np.sqrt(v_hat) + self.eps)
             elif self.kind == "rmsprop":
                 vel = s.setdefault("velocity", zeros())
                 vel[...] = self.rho * vel + (1 - self.rho) * g * g
@@ -102,11 +122,18 @@ CASES = [
     ("rmsprop", dict(learning_rate=0.01)),
     ("rmsprop", dict(learning_rate=0.01, centered=True, momentum=0.8, rho=0.8)),
     ("rmsprop", dict(learning_rate=0.01, momentum=0.5, weight_decay=0.02)),
+    ("adagrad", dict(learning_rate=0.1)),
+    ("adagrad", dict(learning_rate=0.05, initial_accumulator_value=0.5, epsilon=1e-3,
+                     weight_decay=0.01)),  # fmt: skip
+    ("nadam", dict(learning_rate=0.01)),
+    ("nadam", dict(learning_rate=0.02, beta_1=0.8, beta_2=0.9, clipnorm=1.0, weight_decay=0.01)),
 ]
 
 
 def make(kind, **kw):
-    return {"sgd": SGD, "adam": Adam, "adamw": AdamW, "rmsprop": RMSprop}[kind](**kw)
+    classes = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "rmsprop": RMSprop, "adagrad": Adagrad,
+               "nadam": Nadam}  # fmt: skip
+    return classes[kind](**kw)
 
 
 def reference(kind, **kw):
@@ -315,7 +342,7 @@ def test_get_and_config_round_trip():
     opt = Adam(0.01)
     assert optimizers.get(opt) is opt
     with pytest.raises(ValueError, match="Could not interpret optimizer identifier"):
-        optimizers.get("adagrad")
+        optimizers.get("adadelta")
     with pytest.raises(ValueError, match="Could not interpret"):
         optimizers.get(3)
     sched = schedules.CosineDecay(0.1, 100, alpha=0.1, warmup_target=0.5, warmup_steps=10)
@@ -324,6 +351,8 @@ def test_get_and_config_round_trip():
         Adam(sched, amsgrad=True, global_clipnorm=1.0),
         AdamW(0.003, weight_decay=0.01, clipvalue=0.5),
         RMSprop(0.1, rho=0.8, centered=True, momentum=0.3, weight_decay=0.1),
+        Adagrad(0.2, initial_accumulator_value=0.3, epsilon=1e-5, clipnorm=1.0),
+        Nadam(0.004, beta_1=0.8, beta_2=0.99, epsilon=1e-6, weight_decay=0.1),
     ]:
         config = optimizers.serialize(original)
         copy = optimizers.get(config)
@@ -346,6 +375,11 @@ def test_keras_defaults():
     assert (adam.beta_1, adam.beta_2, adam.epsilon, adam.amsgrad) == (0.9, 0.999, 1e-7, False)
     assert (rms.rho, rms.momentum, rms.epsilon, rms.centered) == (0.9, 0.0, 1e-7, False)
     assert adamw.weight_decay == 0.004
+    adagrad, nadam = optimizers.get("adagrad"), optimizers.get("nadam")
+    assert (adagrad.learning_rate, adagrad.initial_accumulator_value, adagrad.epsilon) == (
+        0.001, 0.1, 1e-7)  # fmt: skip
+    assert (nadam.learning_rate, nadam.beta_1, nadam.beta_2, nadam.epsilon) == (
+        0.001, 0.9, 0.999, 1e-7)  # fmt: skip
 
 
 def test_warning_for_missing_gradients_is_given_once_per_set():
