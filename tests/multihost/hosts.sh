@@ -120,7 +120,9 @@ down() {
 }
 
 shape() { # RATE|off
-    local rate=$1 name i
+    # A burst of 1 MB (at least rate/HZ) and a queue of 100 ms: a link that queues rather
+    # than drops, as a switched interconnect does (tbf; this kernel has no netem for delay).
+    local rate=$1 name i burst=1mb
     for name in $(hosts_up); do
         i=${name#"$PREFIX"}
         # Egress of the host's eth0 (what it sends) and of its bridge port (what it receives).
@@ -128,8 +130,8 @@ shape() { # RATE|off
         tc qdisc del dev "hpcv$i" root 2>/dev/null || true
         if [[ $rate != off ]]; then
             nsenter --net="/var/run/netns/$name" \
-                tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
-            tc qdisc add dev "hpcv$i" root tbf rate "$rate" burst 256kb latency 50ms
+                tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 100ms
+            tc qdisc add dev "hpcv$i" root tbf rate "$rate" burst "$burst" latency 100ms
         fi
     done
     log "shape: ${rate} on $(hosts_up | tr '\n' ' ')"
