@@ -23,7 +23,12 @@ able=0
 if ! why=$("$HERE/hosts.sh" check 2>&1); then
     suite_skip multihost "$able" "$why"
 fi
-trap '"$HERE/hosts.sh" down >/dev/null 2>&1' EXIT
+# The SLURM part needs the packages of slurm/local/ (installed once; a no-op after that).
+if ! command -v slurmctld >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    "$REPO/slurm/local/install.sh" | tail -n 1 || echo "run-tests.sh: SLURM did not install;" \
+        "the SLURM tests across the hosts will fail"
+fi
+trap '"$HERE/slurm.sh" down >/dev/null 2>&1; "$HERE/hosts.sh" down >/dev/null 2>&1' EXIT
 export HPCDIST_REQUIRE_MULTIHOST=1
 # shellcheck disable=SC2086 # MULTIHOST_TEST_ARGS is split into pytest arguments on purpose
 timeout -k 20 "$TIMEOUT" "$PYTHON" -m pytest -q -p no:cacheprovider --durations=5 \
