@@ -183,8 +183,9 @@ class ShuffleDataset(Dataset):
         self.reshuffle_each_iteration = (
             True if reshuffle_each_iteration is None else bool(reshuffle_each_iteration)
         )
-        if self.seed is None and get_random_seed() is not None:
-            self._seed_used: int | None = next_seed()  # hd.utils.set_random_seed's stream
+        self.seed_from_stream = self.seed is None and get_random_seed() is not None
+        if self.seed_from_stream:
+            self._seed_used: int | None = next_seed()  # the same on every worker
         elif self.seed is None and not self.reshuffle_each_iteration:
             self._seed_used = _fixed_random_seed()  # same order every iteration
         else:
