@@ -1,10 +1,6 @@
 """Keras's ``keras.utils`` helpers that hpcdist offers: :func:`set_random_seed`.
 
-Example:
-    >>> import hpcdist as hd
-    >>> hd.utils.set_random_seed(0)
-    >>> hd.utils.get_random_seed()
-    0
+Example: ``hd.utils.set_random_seed(1337)`` at the top of a training script, on every rank.
 """
 
 from hpcdist.utils.seeding import get_random_seed, set_random_seed
