@@ -19,7 +19,8 @@ What each rank prints:
 
 "First" is decided by a claim file in the temporary directory, created
 atomically by the first failing rank of each host (so a job over several
-hosts shows at most one traceback per host).
+hosts shows at most one traceback per host). An aborted job leaves its empty claim
+file behind; rank 0 of every later job removes those older than ten minutes.
 ``HPCDIST_ABORT_ON_ERROR=0`` keeps Python's own behaviour.
 
 Example:
@@ -45,7 +46,7 @@ from hpcdist.cluster.envparse import env_flag, environ_or_default
 ABORT_VAR = "HPCDIST_ABORT_ON_ERROR"
 INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 CLAIM_PREFIX = "hpcdist-failed-"
-STALE_CLAIM_S = 24 * 3600  # claim files older than this (from aborted jobs) are removed
+STALE_CLAIM_S = 600  # claims only matter while a job aborts; later jobs remove older ones
 _installed = False
 
 

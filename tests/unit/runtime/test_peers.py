@@ -80,3 +80,17 @@ def test_the_first_claim_wins_and_later_ones_learn_its_rank(tmp_path):
     assert claim_first_failure(path, 3) is None
     assert claim_first_failure(path, 1) == 3
     assert claim_first_failure(str(tmp_path / "missing" / "claim"), 1) is None  # unusable: report
+
+
+def test_stale_claims_are_removed_and_fresh_ones_kept(tmp_path):
+    from hpcdist.runtime.abort import CLAIM_PREFIX, STALE_CLAIM_S, _remove_stale_claims
+
+    old, fresh, other = (tmp_path / f"{CLAIM_PREFIX}old", tmp_path / f"{CLAIM_PREFIX}new",
+                         tmp_path / "unrelated")  # fmt: skip
+    for path in (old, fresh, other):
+        path.write_text("0\n")
+    past = os.path.getmtime(old) - STALE_CLAIM_S - 5
+    os.utime(old, (past, past))
+    os.utime(other, (past, past))
+    _remove_stale_claims(str(tmp_path))
+    assert not old.exists() and fresh.exists() and other.exists()
