@@ -23,11 +23,14 @@ ENDS_WITHIN = 10.0  # seconds from the signal to the end of the job (a loaded ma
 pytestmark = pytest.mark.timeout(JOB_LIMIT + 30)
 
 
-def _run(where: str, ranks: str, n: int, tmp_path, signal: str = "INT", mpirun_args=()):
+def _run(
+    where: str, ranks: str, n: int, tmp_path, signal: str = "INT", mpirun_args=(), env=None
+):
     args = [where, ranks, "--signal", signal, "--workdir", str(tmp_path)]
     proc = run_mpi(
-        SCRIPTS / "interrupt.py", n, args=args, timeout=JOB_LIMIT, mpirun_args=mpirun_args
-    )
+        SCRIPTS / "interrupt.py", n, args=args, timeout=JOB_LIMIT, mpirun_args=mpirun_args,
+        env=env,
+    )  # fmt: skip
     ended = time.time()
     out = proc.stdout
     assert "TIMEOUT" not in out, out[-3000:]
@@ -46,22 +49,28 @@ def _expected_ranks(ranks: str, n: int) -> set[int]:
     return {"0": {0}, "1": {1}, "last": {n - 1}, "all": set(range(n))}[ranks]
 
 
+VNODES = {"HPCDIST_VIRTUAL_NODES": "2"}  # two nodes of 2 ranks: MPI between the node leaders
+
+
 @pytest.mark.parametrize(
-    ("where", "ranks", "n"),
+    ("where", "ranks", "n", "env"),
     [
-        ("fit", "1", 2),
-        ("fit", "0", 2),
-        ("fit", "all", 2),
-        ("fit", "last", 4),
-        ("fit", "all", 4),
-        ("loop", "0", 2),
-        ("loop", "1", 2),
-        ("loop", "all", 4),
-        ("loop", "last", 4),
+        ("fit", "1", 2, None),
+        ("fit", "0", 2, None),
+        ("fit", "all", 2, None),
+        ("fit", "0", 4, None),
+        ("fit", "last", 4, None),
+        ("fit", "all", 4, None),
+        ("fit", "1", 4, VNODES),
+        ("loop", "0", 2, None),
+        ("loop", "1", 2, None),
+        ("loop", "all", 4, None),
+        ("loop", "last", 4, None),
+        ("loop", "0", 4, VNODES),
     ],
 )
-def test_sigint_ends_the_job_with_one_line_naming_the_rank(where, ranks, n, tmp_path):
-    out, signalled = _run(where, ranks, n, tmp_path)
+def test_sigint_ends_the_job_with_one_line_naming_the_rank(where, ranks, n, env, tmp_path):
+    out, signalled = _run(where, ranks, n, tmp_path, env=env)
     assert signalled == _expected_ranks(ranks, n), out[-3000:]
     lines = re.findall(r"hpcdist: rank (\d+): interrupted by SIGINT", out)
     # One line for the whole job (ranks interrupted at once stay quiet after the first).
