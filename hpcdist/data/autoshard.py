@@ -128,6 +128,7 @@ def _unseeded_shuffles(chain: list[Any]) -> list[str]:
             isinstance(node, FileListDataset)
             and getattr(node, "shuffle", False)
             and getattr(node, "seed", None) is None
+            and not getattr(node, "seed_from_stream", False)
         ):
             found.append("list_files() shuffling without a seed")
     return found

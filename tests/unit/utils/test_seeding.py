@@ -66,3 +66,20 @@ def test_two_seeded_fits_give_bit_identical_histories():
     assert _fit_history() == first  # weights, dropout masks and the shuffle all repeat
     hd.utils.set_random_seed(12)
     assert _fit_history() != first
+
+
+def test_list_files_shuffles_alike_after_the_same_seed(tmp_path):
+    for i in range(12):
+        (tmp_path / f"f{i:02d}.npy").write_bytes(b"")
+    pattern = str(tmp_path / "*.npy")
+
+    def order() -> list:
+        return list(hd.data.Dataset.list_files(pattern, shuffle=True).as_numpy_iterator())
+
+    hd.utils.set_random_seed(4)
+    first = order()
+    assert len(first) == 12 and sorted(first) != first  # shuffled (fixed seed: deterministic)
+    hd.utils.set_random_seed(4)
+    assert order() == first
+    hd.utils.set_random_seed(5)
+    assert order() != first
