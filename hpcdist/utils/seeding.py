@@ -4,9 +4,10 @@
 (``np.random.seed``: the initial weights of layers without an initializer seed,
 the seeds of ``Dropout`` layers) and hpcdist's own seed stream, from which
 the random choices that used to come from fresh operating-system entropy now
-draw: the shuffle of ``fit(shuffle=True)`` and of ``Dataset.shuffle()``
-without a ``seed``. Frameworks already imported (CuPy, PyTorch, TensorFlow,
-JAX has no global state) are seeded too; none is imported for it.
+draw: the shuffle of ``fit(shuffle=True)``, and of ``Dataset.shuffle()`` and
+``Dataset.list_files(shuffle=True)`` without a ``seed``. Frameworks already
+imported (CuPy, PyTorch, TensorFlow; JAX has no global state) are seeded too;
+none is imported for it.
 
 The stream is a counter: the ``k``-th seed drawn after ``set_random_seed(s)``
 is a hash of ``(s, k)``. Every rank runs the same program and so draws the
