@@ -26,6 +26,7 @@ from hpcdist import (
     optimizers,
     runtime,
     train,
+    utils,
 )
 from hpcdist.collectives.options import CommunicationImplementation, CommunicationOptions
 from hpcdist.data.input_context import InputContext, InputOptions, InputReplicationMode
@@ -55,6 +56,7 @@ __all__ = [
     "optimizers",
     "runtime",
     "train",
+    "utils",
     "world",
     *_distribute_names,
 ]

@@ -88,6 +88,22 @@ class CollectiveMismatchError(HpcdistError, ValueError):
     """
 
 
+class RankFailedError(HpcdistError, RuntimeError):
+    """A rank this one waited for has ended or left the collective (killed, interrupted).
+
+    ``rank`` is the world rank that is gone. The collective cannot complete,
+    so the job must end; raised uncaught, it aborts the job.
+
+    Example:
+        >>> RankFailedError("rank 1 has ended", rank=1).rank
+        1
+    """
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
 class CheckpointError(HpcdistError, ValueError):
     """A checkpoint cannot be written or read (missing files, a layout that does not fit).
 
@@ -126,6 +142,7 @@ __all__ = [
     "LaunchError",
     "CollectiveTimeoutError",
     "CollectiveMismatchError",
+    "RankFailedError",
     "CheckpointError",
     "CheckpointCorruptError",
     "CollectiveStallWarning",

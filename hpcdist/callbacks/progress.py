@@ -1,9 +1,19 @@
 """Progress display of ``fit``, ``evaluate`` and ``predict`` (the role of Keras's ProgbarLogger).
 
-On the chief only. ``verbose=1``: a tqdm bar per epoch with the running loss and metrics in its
-postfix (4 significant digits), replaced at the end of the epoch by one summary line;
-``verbose=2``: only the summary line; ``verbose=0``: nothing. Without tqdm, ``verbose=1``
-prints the summary lines too. The summary line reads::
+On the chief only. ``verbose=1`` on a terminal (plain ``python`` with tqdm installed): a live
+tqdm bar per epoch with the running loss and metrics in its postfix (4 significant digits),
+replaced at the end of the epoch by one summary line. ``verbose=1`` anywhere else (under
+``mpirun``/``srun``, whose output forwarding swallows a bar's carriage returns, or with the
+output redirected to a file, or without tqdm): plain *progress lines* during the epoch, never
+a ``\r``, then the summary line. ``verbose=2``: only the summary line; ``verbose=0``: nothing.
+
+A progress line comes when the epoch crosses a tenth of its steps and at least
+``min_interval_s`` (5 s) passed since the last line, or when ``max_interval_s`` (30 s)
+passed, so a short epoch prints its summary line only and a long one about ten lines::
+
+    Epoch 3/5 - step 120/500 (24%) - 12.3 steps/s - ETA 31s - loss: 0.1234 - accuracy: 0.9700
+
+The summary line reads::
 
     Epoch 3/5 - 12 steps - 0.4s - loss: 0.1234 - accuracy: 0.9700 - val_loss: 0.2000
 
@@ -31,6 +41,39 @@ import time
 from typing import Any, TextIO
 
 from hpcdist.callbacks.base import Callback, Logs, is_chief
+
+FRACTION = 0.1  # a progress line at each tenth of an epoch's steps ...
+MIN_INTERVAL_S = 5.0  # ... but not sooner than this after the last line ...
+MAX_INTERVAL_S = 30.0  # ... and at least this often
+
+
+def live_display(stream: Any, environ: Any = None) -> bool:
+    """Whether a live bar suits ``stream``: a terminal, in a process no MPI launcher started.
+
+    Launchers (``mpirun``, ``srun``, ...) forward each rank's output through a pipe or
+    their own pseudo-terminal, line by line, so a bar's ``\r`` updates never show.
+    Example: ``live_display(io.StringIO())`` is ``False``.
+    """
+    try:
+        if not stream.isatty():
+            return False
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+    from hpcdist.cluster.launchers import find_launcher
+
+    try:
+        return find_launcher(environ) is None
+    except Exception:  # a malformed launcher variable: launched, whatever it is
+        return False
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}:{seconds % 60:02d}"
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _scalar(value: Any) -> float | None:
@@ -94,6 +137,9 @@ class ProgressBar(Callback):
             ``params["verbose"]`` from the training loop (1 when absent).
         stream: where to write; ``None`` means ``sys.stdout`` at the time of writing.
         use_tqdm: ``None`` uses tqdm when it can be imported; ``False`` never uses it.
+        live: ``None`` (default) shows a live bar only where :func:`live_display` says so;
+            ``True`` always (where tqdm is), ``False`` never (progress lines instead).
+        min_interval_s, max_interval_s: the spacing of progress lines (see the module).
 
     The bar's total is ``params["steps"]`` (no total when it is ``None``). Inside ``fit`` the
     validation run (``on_test_*`` hooks) shows nothing; ``evaluate`` and ``predict`` called on
@@ -109,7 +155,13 @@ class ProgressBar(Callback):
     """
 
     def __init__(
-        self, verbose: int | None = None, stream: TextIO | None = None, use_tqdm: bool | None = None
+        self,
+        verbose: int | None = None,
+        stream: TextIO | None = None,
+        use_tqdm: bool | None = None,
+        live: bool | None = None,
+        min_interval_s: float = MIN_INTERVAL_S,
+        max_interval_s: float = MAX_INTERVAL_S,
     ) -> None:
         super().__init__()
         if verbose is not None and verbose not in (0, 1, 2):
@@ -125,6 +177,13 @@ class ProgressBar(Callback):
         self._t0 = 0.0
         self._in_fit = False
         self._show = False
+        self._live = live
+        self._min_interval = float(min_interval_s)
+        self._max_interval = float(max_interval_s)
+        self._lines = False  # progress lines in this phase
+        self._desc = ""
+        self._last_line = 0.0
+        self._last_tenth = 0
 
     @property
     def verbose(self) -> int:
@@ -144,11 +203,15 @@ class ProgressBar(Callback):
         self._seen = 0
         self._t0 = time.perf_counter()
         self._show = self.verbose > 0 and is_chief(self.model)
-        if not (self._show and self.verbose == 1 and self._use_tqdm is not False):
+        self._desc, self._last_line, self._last_tenth = desc, self._t0, 0
+        self._lines = self._show and self.verbose == 1
+        if not (self._lines and self._use_tqdm is not False):
             return
-        tqdm = _import_tqdm()
+        live = self._live if self._live is not None else live_display(self.stream)
+        tqdm = _import_tqdm() if live else None
         if tqdm is None:
             return
+        self._lines = False
         self._bar = tqdm(
             total=self.params.get("steps"),
             desc=desc,
@@ -162,6 +225,8 @@ class ProgressBar(Callback):
         self._seen = batch + 1
         bar = self._bar
         if bar is None:
+            if self._lines:
+                self._maybe_line(logs if postfix else None)
             return
         if postfix:
             text = _format_postfix(logs)
@@ -172,6 +237,35 @@ class ProgressBar(Callback):
             bar.update(step)
         else:
             bar.refresh()
+
+    def _maybe_line(self, logs: Logs | None, now: float | None = None) -> None:
+        """Print a progress line if a tenth of the steps and the spacing say so."""
+        now = time.perf_counter() if now is None else now
+        since = now - self._last_line
+        total = self.params.get("steps")
+        tenth = int(self._seen * 10 // total) if total else 0
+        due = since >= self._max_interval or (
+            tenth > self._last_tenth and since >= self._min_interval
+        )
+        if not due or (total and self._seen >= total):  # the summary line comes next
+            return
+        self._last_line, self._last_tenth = now, tenth
+        elapsed = max(now - self._t0, 1e-9)
+        rate = self._seen / elapsed
+        parts = [self._desc]
+        if total:
+            parts.append(f"step {self._seen}/{total} ({100 * self._seen // total}%)")
+        else:
+            parts.append(f"step {self._seen}")
+        parts.append(f"{rate:.3g} steps/s")
+        if total:
+            parts.append(f"ETA {_duration((total - self._seen) / rate)}")
+        text = format_logs(logs)
+        if text:
+            parts.append(text)
+        stream = self.stream
+        stream.write(" - ".join(parts) + "\n")
+        stream.flush()
 
     def _finish(self, desc: str, logs: Logs | None) -> None:
         self._close_bar()

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.kernels import address_of, arrive_and_wait, wait_all
+from hpcdist.runtime.peers import PeerWatch
 
 LINE = 64  # bytes of one rank's flag line (a cache line)
 LINE_WORDS = LINE // 8
@@ -98,6 +99,7 @@ class NodeWindow:
         self._oversubscribed = (host_ranks or n) > _cores()
         if self.rank == 0:
             self.flags[:] = 0
+        self.peers = PeerWatch.over(node_comm, self.flags, LINE_WORDS)  # a dead peer ends waits
         node_comm.Barrier()
 
     # -- memory views -------------------------------------------------------
@@ -203,13 +205,19 @@ class NodeWindow:
     def _wait_more(self, seq: int, deadline: float | None) -> bool:
         flags, n = self.flags, self.size
         between = 16 if self._oversubscribed else SPINS_BETWEEN_YIELDS
-        yield_cpu, clock = os.sched_yield, time.monotonic
-        while True:
-            if deadline is not None and clock() > deadline:
-                return False
-            yield_cpu()
-            if wait_all(flags, 0, n, LINE_WORDS, seq, between):
-                return True
+        yield_cpu, clock, peers = os.sched_yield, time.monotonic, self.peers
+        try:
+            while True:
+                now = clock()
+                peers.check(now)
+                if deadline is not None and now > deadline:
+                    return False
+                yield_cpu()
+                if wait_all(flags, 0, n, LINE_WORDS, seq, between):
+                    return True
+        except BaseException:  # interrupted or a peer gone: peers waiting for us must not spin
+            peers.leave()
+            raise
 
     def barrier(self, digest: int) -> bool:
         """Arrive and wait (no deadline); ``True`` if every rank passed ``digest``.

@@ -8,11 +8,14 @@ The policy comes from ``dataset.options().distribute.auto_shard_policy``:
   Fewer files than workers is an error.
 * ``DATA``: every worker runs the whole pipeline and keeps its own
   sub-batches of each global batch. Simple and exact, but each worker reads
-  and preprocesses everything: a warning says so.
+  and preprocesses everything.
 * ``AUTO`` (the default): ``FILE`` when the pipeline reads files
   (a file source feeding a reader such as ``read_npy``) and there are at
   least as many files as workers, otherwise ``DATA``. The choice and its
-  reason are logged once per distributed dataset.
+  reason are logged once per dataset, by worker 0: a warning where every
+  worker reads the same files (redundant reading that more files would
+  avoid), one INFO line for input that is already in memory (arrays,
+  ranges, generators), where ``DATA`` is the only sensible policy.
 * ``OFF``: no sharding; every worker reads the same data.
 * ``HINT``: in TF, shards only where the pipeline carries
   ``tf.data.experimental.SHARD_HINT`` placeholders. hpcdist pipelines have no
@@ -30,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, NamedTuple
 
 from hpcdist.data.options import AutoShardPolicy
@@ -93,18 +97,38 @@ def _describe(chain: list[Any]) -> str:
     return " -> ".join(type(node).__name__ for node in chain)
 
 
+_logged: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
+
+
+def _first_time(dataset: Any, num_workers: int) -> bool:
+    """Whether ``dataset``'s choice over ``num_workers`` has not been logged yet (once each)."""
+    try:
+        seen = _logged.setdefault(dataset, set())
+    except TypeError:  # not weak-referenceable: log every time
+        return True
+    if num_workers in seen:
+        return False
+    seen.add(num_workers)
+    return True
+
+
 def _unseeded_shuffles(chain: list[Any]) -> list[str]:
     """Nodes that give each worker a different order (no seed): bad for DATA and FILE."""
     from hpcdist.data.dataset import FileListDataset, ShuffleDataset
 
     found = []
     for node in chain:
-        if isinstance(node, ShuffleDataset) and getattr(node, "seed", None) is None:
+        if (
+            isinstance(node, ShuffleDataset)
+            and getattr(node, "seed", None) is None
+            and not getattr(node, "seed_from_stream", False)  # hd.utils.set_random_seed
+        ):
             found.append("shuffle() without a seed")
         elif (
             isinstance(node, FileListDataset)
             and getattr(node, "shuffle", False)
             and getattr(node, "seed", None) is None
+            and not getattr(node, "seed_from_stream", False)
         ):
             found.append("list_files() shuffling without a seed")
     return found
@@ -190,7 +214,14 @@ def choose_policy(
             "in the pipeline"
         )
     else:
-        why = f"the pipeline does not read files ({_describe(chain)})"
+        return (
+            AutoShardPolicy.DATA,
+            requested,
+            (
+                f"auto_shard_policy AUTO uses DATA for input that does not come from files "
+                f"({_describe(chain)}): each worker keeps its own part of every global batch"
+            ),
+        )
     return (
         AutoShardPolicy.DATA,
         requested,
@@ -260,10 +291,12 @@ def apply_autoshard(
                 "workers see the data in different orders and may read some elements twice "
                 "and others never; give it a seed"
             )
-        if worker_index == 0:
-            # Falling back to DATA is a warning; DATA asked for explicitly is the user's choice.
+        if worker_index == 0 and _first_time(dataset, num_workers):
+            # Falling back to DATA over files is a warning (every worker reads them all); for
+            # input in memory DATA is the only choice, and asked for explicitly the user's.
             fell_back = chosen is AutoShardPolicy.DATA and requested is not AutoShardPolicy.DATA
-            level = logging.WARNING if fell_back or unseeded else logging.INFO
+            reads_files = _file_source(chain_of(dataset))[0] >= 0
+            level = logging.WARNING if (fell_back and reads_files) or unseeded else logging.INFO
             log.log(level, "hpcdist distributed dataset (%d workers): %s", num_workers, reason)
     if chosen is AutoShardPolicy.FILE:
         dataset = shard_files(dataset, num_workers, worker_index)

@@ -113,6 +113,7 @@ from hpcdist.data.rebatch import (
     rebatch_steps,
     worker_sub_batches,
 )
+from hpcdist.data.small_batch import warn_if_batch_below_replicas
 from hpcdist.distribute import nest
 from hpcdist.errors import CheckpointError, HpcdistError
 
@@ -957,7 +958,8 @@ def distribute_dataset(
     """
     opts = check_input_options(options, from_function=False)
     layout = _layout(num_workers, worker_index, num_replicas_per_worker, collectives, devices)
-    find_global_batch_size(dataset)
+    replicas = layout.num_workers * layout.num_replicas
+    warn_if_batch_below_replicas(find_global_batch_size(dataset), replicas, layout.worker_index)
     plan = apply_autoshard(dataset, layout.num_workers, layout.worker_index)
     own = plan.policy is AutoShardPolicy.DATA
     source = plan.dataset

@@ -31,6 +31,7 @@ from hpcdist.data.structure import (
     _structure_text,
     _to_arrays,
 )
+from hpcdist.utils.seeding import get_random_seed, next_seed
 
 
 class _IndexedSource(Dataset):
@@ -387,13 +388,16 @@ class FileListDataset(Dataset):
         self.files = tuple(to_path(f, "FileListDataset") for f in files)
         self.shuffle = bool(shuffle)
         self.seed = _check_seed(seed, "list_files")
+        # without a seed, hd.utils.set_random_seed's stream gives one (the same on every worker)
+        self.seed_from_stream = self.shuffle and self.seed is None and get_random_seed() is not None
+        self._seed_used = next_seed() if self.seed_from_stream else self.seed
         self._epochs = _EpochCounter()
 
     def _iter(self) -> Iterator[str]:
         if not self.shuffle:
             yield from self.files
             return
-        rng = _epoch_rng(self.seed, True, self._epochs)
+        rng = _epoch_rng(self._seed_used, True, self._epochs)
         for i in rng.permutation(len(self.files)):
             yield self.files[i]
 

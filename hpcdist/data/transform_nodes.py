@@ -46,6 +46,7 @@ from hpcdist.data.structure import (
     _stack,
     _unify_specs,
 )
+from hpcdist.utils.seeding import get_random_seed, next_seed
 
 log = logging.getLogger("hpcdist.data")
 
@@ -182,8 +183,11 @@ class ShuffleDataset(Dataset):
         self.reshuffle_each_iteration = (
             True if reshuffle_each_iteration is None else bool(reshuffle_each_iteration)
         )
-        if self.seed is None and not self.reshuffle_each_iteration:
-            self._seed_used: int | None = _fixed_random_seed()  # same order every iteration
+        self.seed_from_stream = self.seed is None and get_random_seed() is not None
+        if self.seed_from_stream:
+            self._seed_used: int | None = next_seed()  # the same on every worker
+        elif self.seed is None and not self.reshuffle_each_iteration:
+            self._seed_used = _fixed_random_seed()  # same order every iteration
         else:
             self._seed_used = self.seed
         self._epochs = _EpochCounter()

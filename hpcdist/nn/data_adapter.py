@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -38,12 +39,49 @@ def is_dataset(x: Any) -> bool:
 
 def _num_rows(arrays: Any) -> int:
     rows = {int(np.shape(a)[0]) for a in _leaves(arrays) if np.ndim(a) > 0}
+    if not rows:
+        raise ValueError(
+            "the inputs hold no arrays with rows (only scalars or empty lists); pass x and y "
+            "as NumPy arrays with one row per example, e.g. fit(np.asarray(x), np.asarray(y))"
+        )
     if len(rows) != 1:
         raise ValueError(
             f"the input arrays have different numbers of rows ({sorted(rows)}); x, y and "
             "sample_weight must have one row per example"
         )
     return rows.pop()
+
+
+def _is_number_tree(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_is_number_tree(v) for v in value)
+    return isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray)
+
+
+def lists_to_arrays(value: Any, name: str) -> Any:
+    """A (nested) Python list of numbers as a NumPy array; anything else unchanged.
+
+    Keras accepts ``fit(x.tolist(), y.tolist())``; so does hpcdist. A list whose items
+    are arrays stays a list (several inputs); a ragged list is refused with advice.
+
+    Example:
+        >>> lists_to_arrays([[1.0, 2.0], [3.0, 4.0]], "x").shape
+        (2, 2)
+    """
+    if not (isinstance(value, (list, tuple)) and value and _is_number_tree(value)):
+        return value
+    try:
+        array = np.asarray(value)
+    except ValueError as e:  # rows of different lengths
+        raise ValueError(
+            f"{name} is a Python list whose rows have different lengths ({e}); pass a NumPy "
+            f"array with one row per example (all rows the same shape)"
+        ) from None
+    if array.dtype == object:
+        raise ValueError(
+            f"{name} is a Python list that does not form a rectangular array; pass a NumPy array"
+        )
+    return array
 
 
 def _leaves(x: Any) -> list[Any]:
@@ -85,8 +123,8 @@ def as_dataset(
         batch_size = DEFAULT_BATCH_SIZE
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    parts = tuple(p for p in (x, y, sample_weight) if p is not None)
-    parts = tuple(_host(p) for p in parts)
+    named = (("x", x), ("y", y), ("sample_weight", sample_weight))
+    parts = tuple(_host(lists_to_arrays(p, k)) for k, p in named if p is not None)
     n = _num_rows(parts)
     ds = Dataset.from_tensor_slices(parts if len(parts) > 1 else parts[0])
     if shuffle:
@@ -118,6 +156,9 @@ def split_validation(x: Any, y: Any, sample_weight: Any, fraction: float) -> tup
         raise ValueError(
             "validation_split is only supported for array inputs; pass validation_data for datasets"
         )
+    x, y, sample_weight = (
+        lists_to_arrays(p, k) for k, p in (("x", x), ("y", y), ("sample_weight", sample_weight))
+    )
     n = _num_rows(tuple(p for p in (x, y, sample_weight) if p is not None))
     cut = int(n * (1.0 - fraction))
     if cut == 0 or cut == n:

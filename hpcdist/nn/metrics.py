@@ -546,7 +546,7 @@ def get(identifier: Any, loss: Any = None, output_shape: Any = None) -> Metric:
             return MeanMetricWrapper(_FUNCTIONS[key], name=key)
         raise ValueError(
             f"unknown metric {identifier!r}; expected 'accuracy', one of "
-            f"{', '.join(sorted([*by_snake, *_FUNCTIONS]))}, a Metric or a function"
+            f"{', '.join(sorted({*by_snake, *_FUNCTIONS}))}, a Metric or a function"
         )
     if callable(identifier):
         return MeanMetricWrapper(identifier, name=getattr(identifier, "__name__", None))

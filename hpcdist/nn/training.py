@@ -32,6 +32,7 @@ from hpcdist.distribute import context
 from hpcdist.nn import data_adapter, losses
 from hpcdist.nn import metrics as metrics_mod
 from hpcdist.nn.tape import Traced
+from hpcdist.utils.seeding import next_seed
 
 _MEAN_REDUCTIONS = ("auto", "sum_over_batch_size", "none")
 
@@ -217,8 +218,15 @@ class Trainer:
             self.build(tuple(shape))
 
     def _shuffle_seed(self) -> int:
-        """One random seed, the same on every worker (so every worker shuffles alike)."""
-        seed = np.array([np.random.default_rng().integers(2**62)], dtype=np.int64)
+        """One random seed, the same on every worker (so every worker shuffles alike).
+
+        From :func:`hpcdist.utils.set_random_seed`'s stream when a seed was set, else from
+        NumPy's global generator (so ``np.random.seed`` alone also repeats a run).
+        """
+        drawn = next_seed()
+        if drawn is None:
+            drawn = int(np.random.randint(2**31 - 1))
+        seed = np.array([drawn], dtype=np.int64)
         ext = self.distribute_strategy.extended
         return int(to_host(ext._broadcast_initial_value(seed))[0])
 

@@ -41,9 +41,9 @@ def fit(cbs, epochs=2, steps=3, val=True):
     cbs.on_train_end()
 
 
-def make(verbose, chief=True, use_tqdm=None, epochs=2, steps=3, loop_verbose=None):
+def make(verbose, chief=True, use_tqdm=None, epochs=2, steps=3, loop_verbose=None, live=None):
     out = io.StringIO()
-    bar = ProgressBar(verbose=verbose, stream=out, use_tqdm=use_tqdm)
+    bar = ProgressBar(verbose=verbose, stream=out, use_tqdm=use_tqdm, live=live)
     params = {"epochs": epochs, "steps": steps}
     if loop_verbose is not None:
         params["verbose"] = loop_verbose
@@ -93,7 +93,7 @@ def test_non_chief_prints_nothing(verbose):
 
 def test_verbose_1_with_tqdm_shows_bar_postfix_and_summary_lines():
     pytest.importorskip("tqdm")
-    bar, cbs, out = make(verbose=1)
+    bar, cbs, out = make(verbose=1, live=True)
     cbs.on_train_begin()
     cbs.on_epoch_begin(0)
     cbs.on_train_batch_end(0, {"loss": 0.123456, "accuracy": 0.97, "outputs": [1, 2]})
@@ -114,7 +114,7 @@ def test_verbose_1_with_tqdm_shows_bar_postfix_and_summary_lines():
 
 def test_verbose_1_with_tqdm_full_fit_ends_with_the_summary_lines():
     pytest.importorskip("tqdm")
-    _, cbs, out = make(verbose=1)
+    _, cbs, out = make(verbose=1, live=True)
     fit(cbs)
     lines = final_lines(out.getvalue())
     summary = [ln for ln in lines if ln.startswith("Epoch") and " - " in ln]
@@ -126,7 +126,7 @@ def test_verbose_1_with_tqdm_full_fit_ends_with_the_summary_lines():
 
 def test_unknown_steps_gives_a_bar_without_total():
     pytest.importorskip("tqdm")
-    bar, cbs, out = make(verbose=1, steps=None)
+    bar, cbs, out = make(verbose=1, steps=None, live=True)
     cbs.on_train_begin()
     cbs.on_epoch_begin(0)
     cbs.on_train_batch_end(0, {"loss": 1.0})

@@ -243,10 +243,59 @@ def test_auto_chooses_file_with_enough_files_and_data_otherwise(npy_files, caplo
         assert apply_autoshard(Dataset.range(8).batch(2), 2, 0).policy is AutoShardPolicy.DATA
     messages = [r.getMessage() for r in caplog.records]
     assert "AUTO chose FILE" in messages[0] and caplog.records[0].levelno == logging.INFO
+    # Every worker reading the same files is real redundant work: a warning.
     assert "fell back to DATA because the pipeline reads 3 file(s), fewer than" in messages[1]
-    assert "does not read files (RangeDataset -> BatchDataset)" in messages[2]
-    assert all("WHOLE input" in m for m in messages[1:])
-    assert all(r.levelno == logging.WARNING for r in caplog.records[1:])
+    assert "WHOLE input" in messages[1] and caplog.records[1].levelno == logging.WARNING
+    # Input in memory: DATA is the only sensible policy, so one INFO line.
+    assert "AUTO uses DATA for input that does not come from files" in messages[2]
+    assert "(RangeDataset -> BatchDataset)" in messages[2] and "\n" not in messages[2]
+    assert caplog.records[2].levelno == logging.INFO
+
+
+def test_each_dataset_logs_its_choice_once(caplog):
+    ds = Dataset.range(8).batch(2)
+    with caplog.at_level(logging.INFO, logger="hpcdist"):
+        for _ in range(3):
+            apply_autoshard(ds, 2, 0)
+        apply_autoshard(Dataset.range(8).batch(2), 2, 0)  # another dataset
+    assert len(caplog.records) == 2
+
+
+def test_a_seed_from_set_random_seed_counts_as_a_seed(caplog):
+    from hpcdist.utils import seeding
+
+    with caplog.at_level(logging.INFO, logger="hpcdist"):
+        apply_autoshard(Dataset.range(8).shuffle(8).batch(2), 2, 0)
+        hd_seed = seeding._seed
+        try:
+            seeding.set_random_seed(3)
+            apply_autoshard(Dataset.range(8).shuffle(8).batch(2), 2, 0)
+        finally:
+            seeding._seed = hd_seed
+    first, second = caplog.records
+    assert first.levelno == logging.WARNING and "shuffle() without a seed" in first.getMessage()
+    assert second.levelno == logging.INFO and "WARNING" not in second.getMessage()
+
+
+def test_a_global_batch_below_the_replica_count_warns_once(caplog):
+    from hpcdist.data import small_batch
+
+    small_batch._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="hpcdist"):
+        for _ in range(2):
+            distribute_dataset(
+                Dataset.range(8).batch(1), num_workers=2, worker_index=0,
+                collectives=FakeGroup(2).rank(0),
+            )  # fmt: skip
+        distribute_dataset(
+            Dataset.range(8).batch(2), num_workers=2, worker_index=0,
+            collectives=FakeGroup(2).rank(0),
+        )  # fmt: skip
+    warned = [r.getMessage() for r in caplog.records if "replicas in sync" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "global batch size 1 is smaller than the 2 replicas" in warned[0]
+    assert "1 replica(s) get an empty batch in every step" in warned[0]
+    assert not small_batch.warn_if_batch_below_replicas(1, 4, 1)  # only worker 0 speaks
 
 
 def test_explicit_data_policy_is_info_not_a_warning(caplog):
