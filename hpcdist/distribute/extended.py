@@ -247,8 +247,17 @@ class StrategyExtended:
         )
 
     def _reduce_leaves(self, op: ReduceOp, leaves: Sequence[Any], options: Any = None) -> list[Any]:
-        """Reduce each leaf over all replicas; results on the first local device."""
+        """Reduce each leaf over all replicas; results on the first local device.
+
+        One engine call for all leaves. With one local replica per worker the
+        replica's arrays go to the engine as they are (it reads them in place
+        and never writes them) and the engine does the whole reduction, MEAN
+        included, so the result is the engine's, bit for bit, in a buffer the
+        engine reuses once the caller has dropped it. With several local
+        replicas the cross-device ops first reduce the local values.
+        """
         device = self._devices[0]
+        direct = self._num_local_replicas == 1 and self._num_workers > 1
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         results: list[Any] = []
         pending: list[int] = []
@@ -256,10 +265,20 @@ class StrategyExtended:
             comps = self._components(leaf, op)
             if isinstance(comps, list):
                 pending.append(len(results))
-                results.append(self._cross_device_ops.reduce_local(local_op, comps, device))
+                if direct:
+                    results.append(comps[0])
+                else:
+                    results.append(self._cross_device_ops.reduce_local(local_op, comps, device))
             else:
                 results.append(to_device(comps, device.device_type, device.index))
-        if pending and self._num_workers > 1:
+        if not pending:
+            return results
+        if direct:
+            reduced = self._collectives.allreduce([results[i] for i in pending], op, options)
+            for i, r in zip(pending, reduced, strict=True):
+                results[i] = r
+            return results
+        if self._num_workers > 1:
             reduced = self._collectives.allreduce([results[i] for i in pending], local_op, options)
             for i, r in zip(pending, reduced, strict=True):
                 results[i] = r
