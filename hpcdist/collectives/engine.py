@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -80,7 +81,7 @@ from hpcdist.collectives.options import (
     stall_warning_seconds,
 )
 from hpcdist.collectives.options import _Default as _DefaultTimeout
-from hpcdist.collectives.registry import Where, pick
+from hpcdist.collectives.registry import Where, generation, pick
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
 from hpcdist.collectives.shm_backend import (
     Mismatch,
@@ -261,6 +262,7 @@ class Collectives:
         self._options = options if options is not None else CommunicationOptions()
         self._merged_cache: dict[Any, CommunicationOptions] = {}
         self._layouts: dict[tuple[Any, ...], Any] = {}
+        self._picked: dict[tuple[Any, ...], Any] = {}  # the algorithm of each call's key
         self._pool = BufferPool()
         self._pending: PendingCollective | None = None
         self._topology: Topology | None = None
@@ -358,7 +360,7 @@ class Collectives:
                 for a in items
             ]
             return self._deliver(results, places, out)
-        fused = self._reduce(items, layout, opts)
+        fused = self._reduce(items, layout, opts, key)
         results: list[Any] = [None] * len(items)
         for group, buf in zip(layout.groups, fused, strict=True):
             if op is ReduceOp.MEAN and group.wire.kind in "iu":
@@ -752,8 +754,22 @@ class Collectives:
         where = Where(top, layout, opts, route, asked is CI.AUTO, self._size)
         return pick(where)
 
-    def _reduce(self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions):
-        algorithm = self.algorithm_for(layout, opts)
+    def _reduce(
+        self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, key: Any = None
+    ):
+        """Run the registered algorithm for this call (remembered per layout key, the
+        environment variables that steer AUTO and the registry's generation)."""
+        if key is None:
+            algorithm = self.algorithm_for(layout, opts)
+        else:
+            env = os.environ
+            picked_key = (key, env.get(choice.ENV_VAR), env.get(choice.BAND_VAR), generation())
+            algorithm = self._picked.get(picked_key)
+            if algorithm is None:
+                algorithm = self.algorithm_for(layout, opts)
+                if len(self._picked) >= LAYOUT_CACHE_SIZE:
+                    self._picked.clear()
+                self._picked[picked_key] = algorithm
         self.last_algorithm = algorithm.name
         return algorithm.allreduce(self, items, layout, opts)
 

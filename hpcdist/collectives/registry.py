@@ -74,6 +74,15 @@ class Algorithm(Protocol):
 
 
 _REGISTRY: list[Any] = []
+_GENERATION = [0]  # bumped by register/unregister: engines pick again
+
+
+def generation() -> int:
+    """A number that changes whenever the registry does (engines cache their picks by it).
+
+    Example: ``before = generation(); register(a); generation() != before``.
+    """
+    return _GENERATION[0]
 
 
 def _defaults() -> list[Any]:
@@ -108,6 +117,7 @@ def register(algorithm: Algorithm, before: str | None = None) -> None:
         raise ValueError(
             f"an algorithm named {algorithm.name!r} is already registered; unregister it first"
         )
+    _GENERATION[0] += 1
     if before is None:
         _REGISTRY.insert(0, algorithm)
         return
@@ -123,6 +133,7 @@ def unregister(name: str) -> Algorithm:
     """
     for i, algorithm in enumerate(registered()):
         if algorithm.name == name:
+            _GENERATION[0] += 1
             return _REGISTRY.pop(i)
     names = ", ".join(a.name for a in registered())
     raise ValueError(f"no algorithm named {name!r}; registered: {names}")
