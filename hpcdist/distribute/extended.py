@@ -23,6 +23,8 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from hpcdist.arrays import array_module, as_result, asarray, is_array, to_device
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.distribute import context, nest, streams
@@ -168,6 +170,13 @@ class StrategyExtended:
     def call_for_each_replica(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
         """Run ``fn`` on every local replica (what ``strategy.run`` does after its checks)."""
         kwargs = kwargs or {}
+        if self._num_local_replicas == 1 and not kwargs and _plain_arrays(args):
+            # The common step of one replica per worker: nothing to select or check.
+            if self._devices[0].device_type == "CPU":
+                with self._make_replica_context(0, None):
+                    return fn(*args)
+            with self._make_replica_context(0, None), self._device_scope(0):
+                return fn(*args)
         self._check_component_counts((args, kwargs))
         if self._num_local_replicas > 1:
             return self._runner.run(fn, args, kwargs)
@@ -570,6 +579,17 @@ class StrategyExtended:
 
 
 _UNHANDLED = object()  # _local_gpu_reduce: this value goes the usual way
+
+
+def _plain_arrays(args: tuple) -> bool:
+    """Whether every argument is a NumPy array, or a list of them (a gradient list)."""
+    for a in args:
+        if a.__class__ is np.ndarray:
+            continue
+        if a.__class__ is list and all(x.__class__ is np.ndarray for x in a):
+            continue
+        return False
+    return True
 
 
 def _is_float(x: Any) -> bool:
