@@ -2,11 +2,13 @@
 
 The loss, the metrics, the end-of-data and preemption flags are each one
 tiny allreduce per step, so their cost is the engine's fixed cost. This
-path skips the plan machinery: it packs the tensors into this rank's slot
-(one compiled call), arrives at the node barrier with the call's digest and
-waits (one compiled call, which also compares the digests: the always-on
-agreement check), and folds all slots in rank order into the result buffer
-(one compiled call). A digest mismatch is reported as on the other paths.
+path skips the plan machinery: it copies the tensor (or packs the tensors,
+one compiled call) into this rank's slot, arrives at the node barrier with
+the call's digest and waits (one compiled call, which also compares the
+digests: the always-on agreement check), and folds all slots in rank order
+into the result buffer (one compiled call on raw addresses, the kernels of
+:func:`~hpcdist.kernels.reduce_slots`, so the bits are the ``shm`` path's).
+A digest mismatch is reported as on the other paths.
 
 Checked calls (a timeout in effect) take the ``shm`` path, which also
 compares sequence numbers and sleeps while it waits.
@@ -26,7 +28,8 @@ from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.registry import Where
 from hpcdist.collectives.shm_backend import kernel_op
-from hpcdist.kernels import pack_pieces, reduce_slots
+from hpcdist.kernels import pack_pieces
+from hpcdist.kernels.cpu import fold_rows
 
 if TYPE_CHECKING:
     from hpcdist.collectives.engine import Collectives
@@ -65,9 +68,13 @@ class SmallAllreduce:
         window = engine.topology().window
         engine.count_call(layout, opts, layout.text)
         group = layout.groups[0]
-        whole, wire = group.whole, group.wire
+        wire, total = group.wire, group.total
         which = window.next_set()
-        if whole.tensor.size:
+        if len(group.members) == 1:  # one tensor: a plain copy into the slot
+            row = window.slots(which, wire)[window.rank]
+            np.copyto(row[:total], items[group.members[0][0]].reshape(-1).view(wire))
+        elif group.whole.tensor.size:
+            whole = group.whole
             pack_pieces(
                 window.slot_addresses[which][window.rank], addresses(items), whole.tensor,
                 whole.src, whole.nbytes, whole.dst,
@@ -75,10 +82,10 @@ class SmallAllreduce:
         agreed, _ = window.sync(layout.digest, None)
         if not agreed:
             engine.report_mismatch(window, layout.text)
-        fused = engine.buffers.take((layout.digest, 0), group.total, wire)
-        reduce_slots(
-            window.slots(which, wire), 0, group.total, fused, 0,
-            kernel_op(layout.op, wire, False), engine.size,
+        fused, address = engine.buffers.take_with_address((layout.digest, 0), total, wire)
+        fold_rows(
+            window.slot_addresses[which][0], window.slot_bytes, window.size, total, address,
+            kernel_op(layout.op, wire, False), engine.size, wire.char,
         )
         return [fused]
 
