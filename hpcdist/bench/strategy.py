@@ -12,7 +12,7 @@ In one run, on the same buffers and ranks, float32 SUM, 4 B .. 64 MiB:
 * ``run-all-reduce``: ``strategy.run(lambda g: get_replica_context().all_reduce("SUM", g))``;
 * ``gloo``: ``torch.distributed.all_reduce`` when torch is installed.
 
-Series are timed in turn (the order rotates every repetition), up to 20
+Series are timed in turn (in a new order every repetition), up to 20
 calls between a barrier and the clock, the slowest rank's time; each series
 keeps the best of ``--repeats`` (default 15; best-of-N: the machine is shared
 and a long repetition is almost always interrupted by another job). Then the
@@ -51,7 +51,6 @@ from hpcdist.bench.allreduce import (
     _agree_or_raise,
     format_bytes,
     parse_bytes,
-    time_interleaved,
 )
 from hpcdist.bench.report import save_line_plot, save_report
 
@@ -189,8 +188,28 @@ def measure_size(nbytes: int, *, comm: Any, strategy: Any, gloo: Gloo, repeats: 
             problems.append(f"{name} of {format_bytes(nbytes)} differs from raw MPI's bits")
         del got
     _agree_or_raise(comm, problems, "strategy-path results differ")
-    times = time_interleaved(comm, calls, _iters(nbytes, quick), repeats, warmup=2)
+    times = time_shuffled(comm, calls, _iters(nbytes, quick), repeats, warmup=2)
     return times, picked
+
+
+def time_shuffled(comm: Any, calls: dict[str, Callable[[], Any]], iters: int, repeats: int,
+                  warmup: int) -> dict[str, list[float]]:
+    """Each series' per-call seconds over ``repeats`` rounds, in a new order every round
+    (the same on every rank), so that no series always follows the same neighbour.
+
+    Example: ``time_shuffled(comm, {"raw": f, "engine": g}, iters=10, repeats=5, warmup=2)``.
+    """
+    from hpcdist.bench.allreduce import time_call
+
+    names = list(calls)
+    for name in names:
+        for _ in range(warmup):
+            calls[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for k in np.random.default_rng(r).permutation(len(names)):
+            times[names[k]].append(time_call(comm, calls[names[k]], iters))
+    return times
 
 
 def measure_resnet(*, comm: Any, strategy: Any, repeats: int) -> dict[str, Any]:
@@ -225,7 +244,7 @@ def measure_resnet(*, comm: Any, strategy: Any, repeats: int) -> dict[str, Any]:
         problems.append("run + all_reduce of the ResNet-50 list differs from raw MPI")
     _agree_or_raise(comm, problems, "ResNet-50 results differ")
     del got
-    times = time_interleaved(comm, calls, iters=1, repeats=repeats, warmup=1)
+    times = time_shuffled(comm, calls, iters=1, repeats=repeats, warmup=1)
     best = {name: min(t) for name, t in times.items()}
     return {
         "tensors": len(grads),
@@ -260,7 +279,7 @@ def measure_small_costs(*, comm: Any, strategy: Any, repeats: int) -> dict[str, 
         "unchecked": functools.partial(engine.allreduce, [x], ReduceOp.SUM),
         "checked": functools.partial(engine.allreduce, [x], ReduceOp.SUM, checked),
     }
-    times = time_interleaved(comm, calls, iters=200, repeats=repeats, warmup=5)
+    times = time_shuffled(comm, calls, iters=20, repeats=repeats, warmup=5)
     return {
         "barrier_with_digest_us": best * 1e6,
         "small_unchecked_us": min(times["unchecked"]) * 1e6,

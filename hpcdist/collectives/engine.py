@@ -7,14 +7,27 @@ MPI, or pinned host staging) and this module's host path for the rest.
 
 Reductions are *fused*: the tensors of a call are packed, per dtype, into
 buckets (:mod:`hpcdist.collectives.fusion`; the layout is built once per
-tensor list and cached) and each bucket is reduced by one backend
-(:mod:`hpcdist.collectives.choice` says which):
+tensor list and cached) and reduced by the first algorithm of the registry
+(:mod:`hpcdist.collectives.registry`, one module each under
+:mod:`hpcdist.collectives.algorithms`) that applies, within the route that
+:mod:`hpcdist.collectives.choice` gives for the implementation asked:
 
+* ``small``: one node, at most 4 KiB, no timeout: copy, one barrier, one fold;
+* ``mpi-direct``: AUTO's MPI band on one node of two ranks;
 * ``shm``: the node's shared window (:mod:`hpcdist.collectives.shm_backend`),
   Numba kernels for packing and for the reduction;
 * ``hierarchical``: shm in each node, MPI between node leaders, shm again;
 * ``mpi``: buffer-mode mpi4py on the packed buffer
   (:mod:`hpcdist.collectives.mpi_reduce`).
+
+The algorithms and the device path use the engine's public interface:
+:meth:`Collectives.topology`, :meth:`Collectives.fused_layout`,
+:meth:`Collectives.call_layout`, :meth:`Collectives.count_call`,
+:meth:`Collectives.run_agreed`, :meth:`Collectives.run_on_node`,
+:meth:`Collectives.run_mpi`, :meth:`Collectives.agreement`,
+:meth:`Collectives.report_mismatch`, :meth:`Collectives.pack_group`,
+:meth:`Collectives.describe` and :attr:`Collectives.buffers`. Results come
+from the buffer pool: a result the caller still holds is never reused.
 
 Every rank receives bitwise the same results, and repeated runs give the
 same bits: on a node every element is reduced in one place in rank order;
@@ -650,6 +663,10 @@ class Collectives:
         return layout
 
     def call_layout(self, key: tuple[Any, ...], text: str, **extra: Any) -> _Simple:
+        """The cached signature (text, digest) of a call that needs no fusion layout.
+
+        Example: ``layout = engine.call_layout(("device", text), text)``.
+        """
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._layouts[key] = _Simple(text, signature_hash(text), **extra)
@@ -726,6 +743,12 @@ class Collectives:
         what: str | None = None,
         sig: _Sig | None = None,
     ) -> Any:
+        """Run the node plan ``plan`` on ``window`` (its barriers compare digests; a
+        mismatch raises :class:`~hpcdist.errors.CollectiveMismatchError` on every rank).
+
+        ``sig``: the checked call's signature from :meth:`count_call` (``None``
+        unchecked). Example: ``engine.run_on_node(w, plan, opts, layout.text)``.
+        """
         self._check_pending(plan)
         watch = None
         if sig is not None:
@@ -810,6 +833,10 @@ class Collectives:
     def run_mpi(
         self, plan: Plan, opts: CommunicationOptions, what: str, sig: _Sig | None = None
     ) -> Any:
+        """Drive the MPI plan ``plan`` (blocking, or polled against the timeout).
+
+        Example: ``engine.run_mpi(plan, opts, engine.describe(layout))``.
+        """
         self._check_pending(plan)
         watch = None
         if sig is not None:

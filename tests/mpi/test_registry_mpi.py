@@ -10,8 +10,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from hpcdist.collectives import Collectives, CommunicationOptions
-from hpcdist.collectives import registry
+from hpcdist.collectives import Collectives, CommunicationOptions, registry
 from hpcdist.collectives.algorithms.mpi import ALGORITHM as MPI_ALGORITHM
 from hpcdist.runtime import mpi, world
 
@@ -99,3 +98,14 @@ def test_every_algorithm_auto_picks_gives_every_rank_the_same_bits(engine, monke
         assert picked == ["mpi-direct", "shm"]
     if one_node and nbytes <= 4096:
         assert picked == ["small", "small"]
+
+
+def test_ranks_on_different_algorithms_still_get_a_mismatch_error(engine):
+    """One rank's call is small, the other's is in the MPI band: every rank raises."""
+    from hpcdist.errors import CollectiveMismatchError
+
+    n = 4 if engine.rank == 0 else (2 << 20) // 4
+    with pytest.raises(CollectiveMismatchError, match="rank 0 passed"):
+        engine.allreduce([np.ones(n, np.float32)], "SUM")
+    (out,) = engine.allreduce([np.ones(2)], "SUM")  # the engine works on
+    np.testing.assert_array_equal(out, [engine.size, engine.size])

@@ -24,7 +24,8 @@ import numpy as np
 
 from hpcdist.collectives import choice
 from hpcdist.collectives.algorithms.mpi import ALGORITHM as MPI_ALGORITHM
-from hpcdist.collectives.algorithms.mpi import exact_in_place
+from hpcdist.collectives.algorithms.mpi import exact_in_place, source_view
+from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.registry import Where
@@ -57,8 +58,26 @@ class MpiBand:
         layout: Layout,
         opts: CommunicationOptions,
     ) -> list[np.ndarray]:
-        """The ``mpi`` algorithm's run (node barrier with digest, then ``Allreduce(src, out)``)."""
-        return MPI_ALGORITHM.allreduce(engine, items, layout, opts)
+        """Node barrier comparing digests, then ``Allreduce(src, out)``.
+
+        Unchecked calls do it in two direct calls; checked ones (a timeout) run
+        the ``mpi`` algorithm's plan, with sequence numbers and deadlines.
+        """
+        if opts.timeout_seconds is not None or opts.mpi_message_bytes:
+            return MPI_ALGORITHM.allreduce(engine, items, layout, opts)
+        from hpcdist.runtime import mpi
+
+        window = engine.topology().window
+        engine.count_call(layout, opts, layout.text)
+        agreed, _ = window.sync(layout.digest, None)
+        if not agreed:
+            engine.report_mismatch(window, layout.text)
+        group = layout.groups[0]
+        out = engine.buffers.take(("mpi", layout.digest, 0), group.total, group.wire)
+        engine.comm.Allreduce(source_view(group, items), out, mpi().SUM)
+        if layout.op is ReduceOp.MEAN and group.wire.kind == "f":
+            np.divide(out, np.asarray(engine.size, dtype=group.wire), out=out)
+        return [out]
 
 
 ALGORITHM = MpiBand()
