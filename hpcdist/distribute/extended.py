@@ -135,8 +135,10 @@ class StrategyExtended:
 
     def _make_replica_context(self, local_id: int, merger: Callable | None) -> ReplicaContext:
         replica_id = self._worker_index * self._num_local_replicas + local_id
-        device = (self._devices[local_id].name,)
-        return ReplicaContext(self._strategy, replica_id, local_id, device, merger)
+        names = self.__dict__.get("_device_names")
+        if names is None:
+            names = self._device_names = tuple(d.name for d in self._devices)
+        return ReplicaContext(self._strategy, replica_id, local_id, (names[local_id],), merger)
 
     @contextlib.contextmanager
     def _device_scope(self, local_id: int) -> Iterator[None]:
@@ -271,7 +273,12 @@ class StrategyExtended:
         results: list[Any] = []
         pending: list[int] = []
         for leaf in leaves:
-            comps = self._components(leaf, op)
+            if direct and leaf.__class__ is np.ndarray:
+                comps: Any = [leaf]  # (what _components gives for an array, with less work)
+            elif direct and leaf.__class__ is PerReplica and _host_values(leaf, 1):
+                comps = list(leaf.values)
+            else:
+                comps = self._components(leaf, op)
             if isinstance(comps, list):
                 pending.append(len(results))
                 if direct:
@@ -308,7 +315,11 @@ class StrategyExtended:
             return [
                 place(next(reduced), self._devices) if r is _UNHANDLED else r for r in done
             ]
-        return [place(r, self._devices) for r in self._reduce_leaves(op, leaves, options)]
+        reduced = self._reduce_leaves(op, leaves, options)
+        if self._num_local_replicas == 1 and self._devices[0].device_type == "CPU":
+            if all(r.__class__ is np.ndarray for r in reduced):
+                return reduced  # (what place gives for NumPy arrays on one CPU device)
+        return [place(r, self._devices) for r in reduced]
 
     def _local_gpu_reduce(self, op: ReduceOp, value: Any, dests: Sequence[Device]) -> Any:
         """The cross-device ops' ``reduce`` of a ``PerReplica`` of GPU arrays, else _UNHANDLED.
@@ -579,6 +590,12 @@ class StrategyExtended:
 
 
 _UNHANDLED = object()  # _local_gpu_reduce: this value goes the usual way
+
+
+def _host_values(value: PerReplica, count: int) -> bool:
+    """Whether ``value`` has ``count`` components, each a NumPy array."""
+    values = value.values
+    return len(values) == count and all(v.__class__ is np.ndarray for v in values)
 
 
 def _plain_arrays(args: tuple) -> bool:
