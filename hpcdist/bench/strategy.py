@@ -13,9 +13,10 @@ In one run, on the same buffers and ranks, float32 SUM, 4 B .. 64 MiB:
 * ``gloo``: ``torch.distributed.all_reduce`` when torch is installed.
 
 Series are timed in turn (in a new order every repetition), up to 20
-calls between a barrier and the clock, the slowest rank's time; each series
-keeps the best of ``--repeats`` (default 15; best-of-N: the machine is shared
-and a long repetition is almost always interrupted by another job). Then the
+calls (one from 2 MiB up) between a barrier and the clock, the slowest rank's
+time; each series keeps the best of ``--repeats`` (default 15, three times as
+many from 1 MiB up; best-of-N: the machine is shared and a long repetition is
+almost always interrupted by another job). Then the
 ResNet-50 gradient list (161 tensors): ``run`` + ``all_reduce`` of the list
 against a per-tensor loop of raw ``Allreduce``. Every series' result is
 checked against raw MPI's once per size first. Finally the small path's
@@ -137,9 +138,15 @@ def judge_targets(
 
 
 def _iters(nbytes: int, quick: bool) -> int:
-    """Calls per repetition: short repetitions (about 8 MiB, at most 20 calls), so that
-    the best of many is a repetition no other job on the machine interrupted."""
-    return max(2, min(20, (8 << 20) // max(nbytes, 1)))
+    """Calls per repetition: short repetitions (about 2 MiB, at most 20 calls, one call
+    from 2 MiB up), so that the best of many is one no other job interrupted."""
+    return max(1, min(20, (2 << 20) // max(nbytes, 1)))
+
+
+def _repeats(nbytes: int, repeats: int) -> int:
+    """Repetitions at ``nbytes``: three times as many from 1 MiB up (single calls of a
+    few milliseconds, which other jobs on a shared machine interrupt most often)."""
+    return repeats * 3 if nbytes >= LARGE else repeats
 
 
 def measure_size(nbytes: int, *, comm: Any, strategy: Any, gloo: Gloo, repeats: int,
@@ -188,7 +195,7 @@ def measure_size(nbytes: int, *, comm: Any, strategy: Any, gloo: Gloo, repeats: 
             problems.append(f"{name} of {format_bytes(nbytes)} differs from raw MPI's bits")
         del got
     _agree_or_raise(comm, problems, "strategy-path results differ")
-    times = time_shuffled(comm, calls, _iters(nbytes, quick), repeats, warmup=2)
+    times = time_shuffled(comm, calls, _iters(nbytes, quick), _repeats(nbytes, repeats), warmup=2)
     return times, picked
 
 

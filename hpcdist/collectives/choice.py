@@ -44,8 +44,10 @@ WINDOW_BUDGET_BYTES = 512 * 1024 * 1024
 MIN_SLOT_BYTES = 64 * 1024
 BAND_VAR = "HPCDIST_MPI_BAND"
 #: Sizes (bytes, ``[lo, hi)``) where, on one node of two ranks, MPI's allreduce
-#: beats the shared window (``benchmarks/results/strategy_collectives.json``).
-MPI_BAND = (1 << 20, 16 << 20)
+#: beats the shared window: 4 MiB to 32 MiB, judged over several runs of
+#: ``hpcdist bench strategy`` (``benchmarks/results/strategy_*.json``; see
+#: docs/performance.md): at 1-2 MiB the window was as fast, from 32 MiB faster.
+MPI_BAND = (4 << 20, 32 << 20)
 _band_cache: dict[str | None, tuple[int, int]] = {}
 
 

@@ -10,7 +10,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from hpcdist.collectives import Collectives, CommunicationOptions, registry
+from hpcdist.collectives import Collectives, CommunicationOptions, choice, registry
 from hpcdist.collectives.algorithms.mpi import ALGORITHM as MPI_ALGORITHM
 from hpcdist.runtime import mpi, world
 
@@ -80,7 +80,7 @@ def test_register_refuses_duplicates_and_objects_without_the_protocol():
 
 
 @pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX"])
-@pytest.mark.parametrize("nbytes", [4, 4096, 1 << 20, 5 << 20])
+@pytest.mark.parametrize("nbytes", [4, 4096, 1 << 20, 5 << 20, 40 << 20])
 def test_every_algorithm_auto_picks_gives_every_rank_the_same_bits(engine, monkeypatch, op, nbytes):
     """AUTO with the MPI band on and off: same bits on every rank, and the same bits both ways."""
     rng = np.random.default_rng(7 + engine.rank)
@@ -94,7 +94,8 @@ def test_every_algorithm_auto_picks_gives_every_rank_the_same_bits(engine, monke
         results.append(out.copy())
     np.testing.assert_array_equal(results[0].view(np.uint8), results[1].view(np.uint8))
     one_node = world().node_count == 1
-    if one_node and engine.size == 2 and op != "MAX" and (1 << 20) <= nbytes < (16 << 20):
+    lo, hi = choice.MPI_BAND
+    if one_node and engine.size == 2 and op != "MAX" and lo <= nbytes < hi:
         assert picked == ["mpi-direct", "shm"]
     if one_node and nbytes <= 4096:
         assert picked == ["small", "small"]
@@ -104,7 +105,7 @@ def test_ranks_on_different_algorithms_still_get_a_mismatch_error(engine):
     """One rank's call is small, the other's is in the MPI band: every rank raises."""
     from hpcdist.errors import CollectiveMismatchError
 
-    n = 4 if engine.rank == 0 else (2 << 20) // 4
+    n = 4 if engine.rank == 0 else choice.MPI_BAND[0] // 4
     with pytest.raises(CollectiveMismatchError, match="rank 0 passed"):
         engine.allreduce([np.ones(n, np.float32)], "SUM")
     (out,) = engine.allreduce([np.ones(2)], "SUM")  # the engine works on

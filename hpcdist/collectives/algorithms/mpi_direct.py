@@ -1,9 +1,9 @@
 """AUTO's MPI band: on one node of two ranks, sizes where the MPI library wins.
 
-On this machine's Open MPI (two ranks, one node), ``MPI_Allreduce`` of 1 to
-16 MiB runs out of the L3 cache and beats the shared window's reduce-scatter,
-which streams every byte through memory twice; below and above that band the
-window wins. :data:`hpcdist.collectives.choice.MPI_BAND` holds the band,
+On this machine's Open MPI (two ranks, one node), ``MPI_Allreduce`` of 4 to
+32 MiB (about the L3 cache) beats the shared window's reduce-scatter, which
+streams every byte through memory twice; below and above that band the
+window is as fast or faster. :data:`hpcdist.collectives.choice.MPI_BAND` holds the band,
 measured with ``hpcdist bench strategy`` (see ``docs/performance.md``);
 ``HPCDIST_MPI_BAND=lo:hi`` (bytes; ``0:0`` turns it off) replaces it.
 
