@@ -436,6 +436,10 @@ class StrategyExtended:
         ndim = comps[0].ndim
         if not -ndim <= axis < ndim:
             raise ValueError(f"axis {axis} is out of range for values of rank {ndim}")
+        if len(comps) == 1 and self._num_workers > 1:
+            # One replica per worker: the engine reads the value in place and returns a
+            # new array (no local concatenation copy on the way).
+            return self._collectives.allgather(comps[0], axis=axis, options=options)
         xp = array_module(comps[0])
         try:
             local = xp.concatenate(comps, axis=axis)

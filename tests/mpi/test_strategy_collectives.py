@@ -116,3 +116,24 @@ def test_two_local_replicas_keep_held_results_too():
     np.testing.assert_array_equal(second, np.full(1000, 200.0 * replicas + ids))
     mean = s.reduce("MEAN", pa, axis=None)
     np.testing.assert_allclose(mean, np.full(1000, 100.0 + ids / replicas))
+
+
+def test_gather_paths_give_the_engine_bits_and_read_the_value_in_place(strategy, engine,
+                                                                       monkeypatch):
+    rank = strategy.extended._worker_index
+    x = _value(rank, 1000 * (rank + 1)).reshape(-1, 10)
+    want = engine.allgather(x, axis=0).copy()
+    per_replica = strategy.experimental_distribute_values_from_function(lambda ctx: x)
+    seen = []
+    own = strategy.extended._collectives
+    real = own.allgather
+
+    def spy(tensor, axis=0, options=None):
+        seen.append(tensor)
+        return real(tensor, axis=axis, options=options)
+
+    monkeypatch.setattr(own, "allgather", spy)
+    _same_bits(strategy.gather(per_replica, axis=0), want)
+    got = strategy.run(lambda v: hd.get_replica_context().all_gather(v, axis=0), args=(x,))
+    _same_bits(got, want)
+    assert len(seen) == 2 and all(t is x for t in seen)
