@@ -102,6 +102,7 @@ test: summary-reset lint unit mpi-test faults docs slurm-test multihost-test gpu
 bench: install
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/mpi_baseline.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/strategy_overhead.py
+	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/strategy_collectives.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/allreduce.py
 	timeout -k 20 900 $(MPIRUN) -n 4 $(PY) benchmarks/allreduce.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/bucket_size.py

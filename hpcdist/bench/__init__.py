@@ -5,7 +5,7 @@ name to its module, imported only when that benchmark runs.
 
 Example:
     >>> sorted(BENCHMARKS)
-    ['allreduce']
+    ['allreduce', 'strategy']
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
-BENCHMARKS = {"allreduce": "hpcdist.bench.allreduce"}
+BENCHMARKS = {"allreduce": "hpcdist.bench.allreduce", "strategy": "hpcdist.bench.strategy"}
 
 
 def run(name: str, argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,11 @@ wins over it. ``RING`` is MPI's own algorithms; ``NCCL`` applies to GPU arrays
 (:mod:`hpcdist.collectives.device_path`); host arrays asking for it run on MPI.
 ``HPCDIST_SHM_SLOT_BYTES`` sets the size of a shared slot.
 
+Within the route, the algorithm registry (:mod:`hpcdist.collectives.registry`)
+picks the algorithm: on one node of two ranks AUTO sends calls in the size
+band :data:`MPI_BAND` to the MPI library, which is faster there (measured by
+``hpcdist bench strategy``; ``HPCDIST_MPI_BAND=lo:hi`` in bytes replaces it).
+
 Example:
     >>> from hpcdist.collectives.options import CommunicationImplementation as CI
     >>> choose(CI.AUTO, nodes=1, ranks=2, largest_node=2, environ={}).name
@@ -37,6 +42,13 @@ DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
 #: Total shared memory the two sets of slots of one node may take by default.
 WINDOW_BUDGET_BYTES = 512 * 1024 * 1024
 MIN_SLOT_BYTES = 64 * 1024
+BAND_VAR = "HPCDIST_MPI_BAND"
+#: Sizes (bytes, ``[lo, hi)``) where, on one node of two ranks, MPI's allreduce
+#: beats the shared window: 4 MiB to 32 MiB, judged over several runs of
+#: ``hpcdist bench strategy`` (``benchmarks/results/strategy_*.json``; see
+#: docs/performance.md): at 1-2 MiB the window was as fast, from 32 MiB faster.
+MPI_BAND = (4 << 20, 32 << 20)
+_band_cache: dict[str | None, tuple[int, int]] = {}
 
 
 def env_implementation(environ: Mapping[str, str] | None = None) -> CI:
@@ -91,3 +103,32 @@ def choose(
     if nodes > 1:
         return CI.HIERARCHICAL  # SHM across nodes means shm inside each node
     return CI.SHM
+
+
+def mpi_band(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """The ``[lo, hi)`` bytes where AUTO on one 2-rank node runs MPI (``HPCDIST_MPI_BAND``).
+
+    Example:
+        >>> mpi_band({"HPCDIST_MPI_BAND": "0:0"})
+        (0, 0)
+        >>> mpi_band({}) == MPI_BAND
+        True
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(BAND_VAR)
+    band = _band_cache.get(text)
+    if band is not None:
+        return band
+    if text is None or not text.strip():
+        band = MPI_BAND
+    else:
+        lo, sep, hi = text.strip().partition(":")
+        if not sep or not lo.isdigit() or not hi.isdigit():
+            raise ValueError(
+                f"{BAND_VAR}={text!r}; expected lo:hi in bytes, such as 1048576:16777216 "
+                "(0:0 turns the MPI band off)"
+            )
+        band = (int(lo), int(hi))
+    if len(_band_cache) < 16:
+        _band_cache[text] = band
+    return band

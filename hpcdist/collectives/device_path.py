@@ -119,7 +119,7 @@ def _wire_op(op: ReduceOp) -> ReduceOp:
 class DevicePath:
     """The device-array half of one engine: its NCCL communicators and pinned buffers.
 
-    Example: built by the engine on its first device call (``engine._device``).
+    Example: built by the engine on its first call on device arrays.
     """
 
     PINNED_LIMIT = 64  # pinned buffers kept (one per call shape and group)
@@ -139,7 +139,7 @@ class DevicePath:
         wants = asked in (CI.AUTO, CI.HIERARCHICAL) and self._engine.size > 1
         nccl_ok = wants and nccl_available()[0]
         route = choose_route(asked, self._engine.size, nccl_ok, self.cuda_aware)
-        if route == "hierarchical" and self._engine._topo(opts.timeout_seconds).nodes == 1:
+        if route == "hierarchical" and self._engine.topology(opts.timeout_seconds).nodes == 1:
             route = "nccl"  # one node: the node's NCCL communicator is the whole one
         self.last_route = route
         self._engine.last_device_route = route
@@ -150,7 +150,7 @@ class DevicePath:
         key = (scope, device)
         comm = self._nccl.get(key)
         if comm is None:
-            mpi_comm = self._engine.comm if scope == "world" else self._engine._topo().node
+            mpi_comm = self._engine.comm if scope == "world" else self._engine.topology().node
             comm = self._nccl[key] = NcclComm.create(mpi_comm, device)
         return comm
 
@@ -187,13 +187,13 @@ class DevicePath:
         engine = self._engine
         if engine.size == 1:
             return
-        layout = engine._simple(("device", text), text)
+        layout = engine.call_layout(("device", text), text)
 
         def plan(check: Any) -> Any:
             if check:
-                yield from engine._agree(check)
+                yield from engine.agreement(check)
 
-        engine._checked(layout, opts, text, plan)
+        engine.run_agreed(layout, opts, text, plan)
 
     def _device_to_mpi(self) -> None:
         """Refuse to hand a device pointer to an MPI library not known to be CUDA-aware."""
@@ -210,7 +210,7 @@ class DevicePath:
         if np.dtype(flat.dtype) == np.float16:  # MPI has no half type
             work = rt.astype(flat, np.dtype(np.float32), stream)
         rt.synchronize(stream)
-        drive(comm, reduce_calls(comm, work, op, opts.bytes_per_pack), opts.timeout_seconds,
+        drive(comm, reduce_calls(comm, work, op, opts.mpi_message_bytes), opts.timeout_seconds,
               "allreduce (CUDA-aware MPI)")
         if work is not flat:
             rt.copy(flat, rt.astype(work, np.dtype(np.float16), stream), stream)
@@ -228,13 +228,13 @@ class DevicePath:
             hosts.append(host)
         rt.synchronize(stream)  # MPI reads the pinned buffers next
         if comm_engine is None:  # the node leaders' communicator
-            leaders = self._engine._topo().leaders
+            leaders = self._engine.topology().leaders
             for host in hosts:
-                drive(leaders, reduce_calls(leaders, host, op, opts.bytes_per_pack),
+                drive(leaders, reduce_calls(leaders, host, op, opts.mpi_message_bytes),
                       opts.timeout_seconds, "allreduce among node leaders (staged)")
         else:
             host_opts = opts if opts.implementation is not CI.NCCL else CommunicationOptions(
-                opts.bytes_per_pack, opts.timeout_seconds, CI.AUTO)
+                opts.bytes_per_pack, opts.timeout_seconds, CI.AUTO, opts.mpi_message_bytes)
             comm_engine.allreduce(hosts, op, host_opts, out=hosts)
         for i, (flat, host) in enumerate(zip(flats, hosts, strict=True)):
             rt.from_host(flat, host, stream)
@@ -249,9 +249,7 @@ class DevicePath:
         engine = self._engine
         items, rt, gpu, stream = self._on_device(tensors, "allreduce")
         key = ("device-allreduce", op, opts, *[(t.shape, np.dtype(t.dtype)) for t in items])
-        layout = engine._layouts.get(key)
-        if layout is None:
-            layout = engine._new_layout(key, items, op, opts)
+        layout = engine.fused_layout(key, items, op, opts)
         route = self._route(opts, rt)
         srcs, flats = [], []  # what each group is reduced from, and into
         for group in layout.groups:
@@ -289,7 +287,7 @@ class DevicePath:
             if route == "mpi-device":
                 self._mpi_reduce(engine.comm, flat, op, opts, rt, stream)
             return
-        top = engine._topo()
+        top = engine.topology()
         node = self._comm("node", gpu) if top.node.Get_size() > 1 else None
         if node is not None:
             node.reduce(src, flat, op, 0, stream)

@@ -7,14 +7,27 @@ MPI, or pinned host staging) and this module's host path for the rest.
 
 Reductions are *fused*: the tensors of a call are packed, per dtype, into
 buckets (:mod:`hpcdist.collectives.fusion`; the layout is built once per
-tensor list and cached) and each bucket is reduced by one backend
-(:mod:`hpcdist.collectives.choice` says which):
+tensor list and cached) and reduced by the first algorithm of the registry
+(:mod:`hpcdist.collectives.registry`, one module each under
+:mod:`hpcdist.collectives.algorithms`) that applies, within the route that
+:mod:`hpcdist.collectives.choice` gives for the implementation asked:
 
+* ``small``: one node, at most 4 KiB, no timeout: copy, one barrier, one fold;
+* ``mpi-direct``: AUTO's MPI band on one node of two ranks;
 * ``shm``: the node's shared window (:mod:`hpcdist.collectives.shm_backend`),
   Numba kernels for packing and for the reduction;
 * ``hierarchical``: shm in each node, MPI between node leaders, shm again;
 * ``mpi``: buffer-mode mpi4py on the packed buffer
   (:mod:`hpcdist.collectives.mpi_reduce`).
+
+The algorithms and the device path use the engine's public interface:
+:meth:`Collectives.topology`, :meth:`Collectives.fused_layout`,
+:meth:`Collectives.call_layout`, :meth:`Collectives.count_call`,
+:meth:`Collectives.run_agreed`, :meth:`Collectives.run_on_node`,
+:meth:`Collectives.run_mpi`, :meth:`Collectives.agreement`,
+:meth:`Collectives.report_mismatch`, :meth:`Collectives.pack_group`,
+:meth:`Collectives.describe` and :attr:`Collectives.buffers`. Results come
+from the buffer pool: a result the caller still holds is never reused.
 
 Every rank receives bitwise the same results, and repeated runs give the
 same bits: on a node every element is reduced in one place in rank order;
@@ -51,6 +64,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -72,7 +86,6 @@ from hpcdist.collectives.fusion import (
 )
 from hpcdist.collectives.metadata import describe_arrays, mismatch_message, signature_hash
 from hpcdist.collectives.mpi_backend import Call, PendingCollective, Plan, drive, poll
-from hpcdist.collectives.mpi_reduce import reduce_calls
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import (
@@ -81,12 +94,11 @@ from hpcdist.collectives.options import (
     stall_warning_seconds,
 )
 from hpcdist.collectives.options import _Default as _DefaultTimeout
+from hpcdist.collectives.registry import Where, generation, pick
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
 from hpcdist.collectives.shm_backend import (
     Mismatch,
-    MpiStep,
     NodePlan,
-    allreduce_plan,
     check_plan,
     reduce_scatter_plan,
     run_node_plan,
@@ -105,6 +117,7 @@ LAYOUT_CACHE_SIZE = 1024
 WHAT_CHARS = 300  # characters of a call's description in a timeout error
 _MASK63 = (1 << 63) - 1
 _MIX = 0x9E3779B97F4A7C15  # spreads sequence numbers over the digest bits
+_NO_ENV: dict[str, str] = {}  # HPCDIST_COLLECTIVES is read once per call, in algorithm_for
 _OPS = {op.name: op for op in ReduceOp} | {op.name.lower(): op for op in ReduceOp}
 
 
@@ -125,8 +138,12 @@ class _Sig(NamedTuple):
     watch: Watch
 
 
-class _Topology(NamedTuple):
-    """Where the engine's ranks are, found once (collectively) at its first call."""
+class Topology(NamedTuple):
+    """Where the engine's ranks are, found once (collectively) at its first call.
+
+    Part of the engine interface the algorithms and the device path use
+    (:meth:`Collectives.topology`).
+    """
 
     nodes: int
     largest_node: int
@@ -134,6 +151,9 @@ class _Topology(NamedTuple):
     leaders: Any  # several nodes: the node leaders' communicator on a leader, else None
     node_rank: int
     node: Any = None  # the communicator of this rank's node
+
+
+_Topology = Topology  # the name before the algorithm registry
 
 
 def _host_arrays(tensors: Any, operation: str) -> tuple[list[np.ndarray], list[tuple[str, int]]]:
@@ -183,6 +203,10 @@ def _aligned_bytes(nbytes: int) -> np.ndarray:
 
 def _mode(options: CommunicationOptions) -> str:
     return "timeout set" if options.timeout_seconds is not None else "no timeout"
+
+
+def _message_bytes(opts: CommunicationOptions) -> str:
+    return f", mpi_message_bytes={opts.mpi_message_bytes}" if opts.mpi_message_bytes else ""
 
 
 def _clip(text: str) -> str:
@@ -251,14 +275,17 @@ class Collectives:
         self._options = options if options is not None else CommunicationOptions()
         self._merged_cache: dict[Any, CommunicationOptions] = {}
         self._layouts: dict[tuple[Any, ...], Any] = {}
+        self._picked: dict[tuple[Any, ...], Any] = {}  # the algorithm of each call's key
         self._pool = BufferPool()
         self._pending: PendingCollective | None = None
-        self._topology: _Topology | None = None
+        self._topology: Topology | None = None
         self._generation = -1  # of the process-wide default timeout the cache was built for
         self._seq = 0  # collectives run on the communicator (both modes)
         self._board: ArrivalBoard | None = None  # checked mode only
         self._mpi: Any = None
         self._device: DevicePath | None = None  # the device-array path, made on first use
+        #: The registered algorithm (its name) that ran the last host allreduce.
+        self.last_algorithm: str | None = None
         #: The route of the last call on device arrays (see :mod:`hpcdist.collectives.device_path`).
         self.last_device_route: str | None = None
         if self._size > 1:
@@ -298,7 +325,7 @@ class Collectives:
         opts = self._merged(options)
         if self._size == 1:
             return CI.MPI
-        top = self._topo()
+        top = self.topology()
         return choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
 
     # -- public operations -------------------------------------------------
@@ -346,7 +373,7 @@ class Collectives:
                 for a in items
             ]
             return self._deliver(results, places, out)
-        fused = self._reduce(items, layout, opts)
+        fused = self._reduce(items, layout, opts, key)
         results: list[Any] = [None] * len(items)
         for group, buf in zip(layout.groups, fused, strict=True):
             if op is ReduceOp.MEAN and group.wire.kind in "iu":
@@ -406,7 +433,7 @@ class Collectives:
         rows = x.shape[0] // self._size + (1 if self._rank < x.shape[0] % self._size else 0)
         block_shape = (rows, *x.shape[1:])
         if self._size == 1:
-            buf = self._pack_whole(group, items)
+            buf = self.pack_group(group, items)
         else:
             buf = self._reduce_scatter(items, layout, opts, bounds)
         if op is ReduceOp.MEAN and group.wire.kind in "iu":
@@ -451,10 +478,10 @@ class Collectives:
         if self._size == 1:
             return _place(np.array(host, copy=True), place)
         text = f"allgather(axis={axis}, {host.dtype}({dims}), {_mode(opts)})"
-        layout = self._simple(("allgather", text), text)
+        layout = self.call_layout(("allgather", text), text)
         moved = np.ascontiguousarray(np.moveaxis(host, axis, 0))
         what = f"allgather(axis={axis}) of {describe_arrays([host])} on this rank"
-        out = self._checked(
+        out = self.run_agreed(
             layout, opts, what, lambda check: self._allgather_plan(moved, layout, check)
         )
         if axis != 0:
@@ -482,7 +509,7 @@ class Collectives:
         if has_device_arrays(tensors):
             return self._device_path().broadcast(tensors, root, opts)
         items, places = _host_arrays(tensors, "broadcast")
-        key = ("broadcast", root, _mode(opts), opts.bytes_per_pack) + tuple(
+        key = ("broadcast", root, _mode(opts), opts.mpi_message_bytes) + tuple(
             (a.shape, a.dtype) for a in items
         )
         layout = self._layouts.get(key)
@@ -491,7 +518,7 @@ class Collectives:
         if self._size == 1:
             results = [np.array(a, copy=True) for a in items]
         else:
-            results = self._checked(
+            results = self.run_agreed(
                 layout,
                 opts,
                 _clip(layout.text),
@@ -508,8 +535,8 @@ class Collectives:
         if self._size == 1:
             return
         text = f"barrier({_mode(opts)})"
-        layout = self._simple(("barrier", text), text)
-        self._checked(layout, opts, text, lambda check: self._agree(check) if check else None)
+        layout = self.call_layout(("barrier", text), text)
+        self.run_agreed(layout, opts, text, lambda check: self.agreement(check) if check else None)
 
     # -- internals ---------------------------------------------------------
 
@@ -530,12 +557,12 @@ class Collectives:
         opts = self._options.merge(options)
         default = _DefaultTimeout.timeout
         if opts.timeout_seconds is None and default is not None:
-            opts = CommunicationOptions(opts.bytes_per_pack, default, opts.implementation)
+            opts = opts.with_timeout(default)
         if len(self._merged_cache) < 64:
             self._merged_cache[options] = opts
         return opts
 
-    def _topo(self, timeout: float | None = None) -> _Topology:
+    def topology(self, timeout: float | None = None) -> _Topology:
         """The node layout of the communicator (collective on the first call).
 
         The first call also sets up the arrival board when any rank's call
@@ -566,7 +593,7 @@ class Collectives:
                 color = 0 if local_rank == 0 else MPI.UNDEFINED
                 lead = comm.Split(color, key=self._rank)
                 leaders = None if lead == MPI.COMM_NULL else lead
-            self._topology = _Topology(nodes, largest, window, leaders, local_rank, node)
+            self._topology = Topology(nodes, largest, window, leaders, local_rank, node)
         return self._topology
 
     def _meet_before_setup(self, timeout: float) -> None:
@@ -579,6 +606,32 @@ class Collectives:
             )
             error.request = request
             raise error
+
+    @property
+    def buffers(self) -> BufferPool:
+        """The engine's result buffers, reused once the caller dropped a result.
+
+        Example: ``engine.buffers.take(("mine", layout.digest, 0), n, wire)``.
+        """
+        return self._pool
+
+    def fused_layout(
+        self,
+        key: tuple[Any, ...],
+        items: list[np.ndarray],
+        op: ReduceOp,
+        opts: CommunicationOptions,
+        operation: str = "allreduce",
+    ) -> Layout:
+        """The fusion layout of ``items`` cached under ``key`` (built on first use).
+
+        ``key`` must name everything the layout depends on (op, options,
+        shapes and dtypes). Example: ``engine.fused_layout(key, items, op, opts)``.
+        """
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._new_layout(key, items, op, opts, operation)
+        return layout
 
     def _new_layout(
         self,
@@ -595,12 +648,13 @@ class Collectives:
                 raise TypeError(f"{operation} (tensor {i}): {err}") from None
         bucket = opts.bytes_per_pack or choice.DEFAULT_BUCKET_BYTES
         if self._size > 1:
-            window = self._topo(opts.timeout_seconds).window
+            window = self.topology(opts.timeout_seconds).window
             if window is not None:
                 bucket = min(bucket, window.slot_bytes)
         text = (
             f"{operation}(op={op.name}, {describe_arrays(items)}, {_mode(opts)}, "
-            f"bytes_per_pack={opts.bytes_per_pack}, implementation={opts.implementation.name})"
+            f"bytes_per_pack={opts.bytes_per_pack}, implementation={opts.implementation.name}"
+            f"{_message_bytes(opts)})"
         )
         layout = build_layout(items, op, bucket, text)
         if len(self._layouts) >= LAYOUT_CACHE_SIZE:
@@ -608,7 +662,11 @@ class Collectives:
         self._layouts[key] = layout
         return layout
 
-    def _simple(self, key: tuple[Any, ...], text: str, **extra: Any) -> _Simple:
+    def call_layout(self, key: tuple[Any, ...], text: str, **extra: Any) -> _Simple:
+        """The cached signature (text, digest) of a call that needs no fusion layout.
+
+        Example: ``layout = engine.call_layout(("device", text), text)``.
+        """
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._layouts[key] = _Simple(text, signature_hash(text), **extra)
@@ -639,9 +697,15 @@ class Collectives:
         return out
 
     @staticmethod
-    def _pack_whole(group: Any, items: list[np.ndarray]) -> np.ndarray:
-        """The group's tensors copied into one new flat wire-dtype buffer."""
-        buf = np.empty(group.total, group.wire)
+    def pack_group(
+        group: Any, items: Sequence[np.ndarray], buf: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The group's tensors copied into one flat wire-dtype buffer (``buf``, else a new one).
+
+        Example: ``engine.pack_group(layout.groups[0], items, out)``.
+        """
+        if buf is None:
+            buf = np.empty(group.total, group.wire)
         whole = group.whole
         if whole.tensor.size:
             pack_pieces(
@@ -650,7 +714,7 @@ class Collectives:
             )
         return buf
 
-    def _checked(
+    def run_agreed(
         self, layout: Any, opts: CommunicationOptions, what: str, make_plan: Any
     ) -> Any:
         """Run the MPI plan ``make_plan(check)`` after agreeing on ``layout``.
@@ -658,19 +722,19 @@ class Collectives:
         On one node the agreement is a node barrier comparing digests (and
         the plan is told not to check); elsewhere the plan checks over MPI.
         """
-        top = self._topo(opts.timeout_seconds)
-        sig = self._signature(layout, opts, what)
+        top = self.topology(opts.timeout_seconds)
+        sig = self.count_call(layout, opts, what)
         if top.nodes == 1 and top.window is not None:
             if sig is None:
                 plan = check_plan(
                     top.window, layout.digest, layout.text, self._comm, make_plan(False)
                 )
-                return self._run_node(top.window, plan, opts, layout.text, what)
+                return self.run_on_node(top.window, plan, opts, layout.text, what)
             plan = check_plan(top.window, sig.digest, sig.text, self._comm, make_plan(False))
-            return self._run_node(top.window, plan, opts, sig.text, what, sig)
-        return self._run(make_plan(layout if sig is None else sig), opts, what, sig)
+            return self.run_on_node(top.window, plan, opts, sig.text, what, sig)
+        return self.run_mpi(make_plan(layout if sig is None else sig), opts, what, sig)
 
-    def _run_node(
+    def run_on_node(
         self,
         window: NodeWindow,
         plan: NodePlan,
@@ -679,6 +743,12 @@ class Collectives:
         what: str | None = None,
         sig: _Sig | None = None,
     ) -> Any:
+        """Run the node plan ``plan`` on ``window`` (its barriers compare digests; a
+        mismatch raises :class:`~hpcdist.errors.CollectiveMismatchError` on every rank).
+
+        ``sig``: the checked call's signature from :meth:`count_call` (``None``
+        unchecked). Example: ``engine.run_on_node(w, plan, opts, layout.text)``.
+        """
         self._check_pending(plan)
         watch = None
         if sig is not None:
@@ -690,66 +760,83 @@ class Collectives:
         except (CollectiveTimeoutError, CollectiveStallWarning) as err:
             self._pending = err.request
             raise
+        self.report_mismatch(window, text)
+
+    def algorithm_for(self, layout: Layout, opts: CommunicationOptions) -> Any:
+        """The registered algorithm that runs an allreduce of ``layout`` with ``opts``.
+
+        The first in :func:`hpcdist.collectives.registry.registered` order whose
+        ``applies`` says yes. Collective on the engine's first call (topology).
+        Example: ``engine.algorithm_for(layout, opts).name``.
+        """
+        top = self.topology(opts.timeout_seconds)
+        asked = opts.implementation
+        if asked is CI.AUTO:
+            asked = choice.env_implementation()
+        route = choice.choose(asked, top.nodes, self._size, top.largest_node, _NO_ENV)
+        where = Where(top, layout, opts, route, asked is CI.AUTO, self._size)
+        return pick(where)
+
+    def _reduce(
+        self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, key: Any = None
+    ):
+        """Run the registered algorithm for this call (remembered per layout key, the
+        environment variables that steer AUTO and the registry's generation)."""
+        if key is None:
+            algorithm = self.algorithm_for(layout, opts)
+        else:
+            env = os.environ
+            picked_key = (key, env.get(choice.ENV_VAR), env.get(choice.BAND_VAR), generation())
+            algorithm = self._picked.get(picked_key)
+            if algorithm is None:
+                algorithm = self.algorithm_for(layout, opts)
+                if len(self._picked) >= LAYOUT_CACHE_SIZE:
+                    self._picked.clear()
+                self._picked[picked_key] = algorithm
+        self.last_algorithm = algorithm.name
+        return algorithm.allreduce(self, items, layout, opts)
+
+    def describe(self, layout: Any) -> str:
+        """The call's signature line, clipped for messages. Example: ``engine.describe(lay)``."""
+        return _clip(layout.text)
+
+    def report_mismatch(self, window: NodeWindow, text: str) -> None:
+        """Raise :class:`~hpcdist.errors.CollectiveMismatchError` on every rank of a node
+        whose barrier found different digests (every rank of the node calls it).
+
+        Example: ``if not agreed: engine.report_mismatch(window, layout.text)``.
+        """
         window.resync()
         drive(self._comm, self._mismatch(text), None, "the mismatch report")
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _reduce(self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions):
-        top = self._topo(opts.timeout_seconds)
-        impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
-        single = top.nodes == 1 and top.window is not None
-        text = layout.text
-        if impl is CI.MPI:
-            return self._checked(
-                layout, opts, _clip(text), lambda check: self._mpi_plan(items, layout, opts, check)
-            )
-        sig = self._signature(layout, opts, _clip(text))
-        agreed = layout if sig is None else sig
-        check = None if single else MpiStep(self._comm, self._agree(agreed))
-        hierarchical = impl is CI.HIERARCHICAL and top.nodes > 1
-        plan = allreduce_plan(
-            top.window, layout, items, self._size, top.leaders, hierarchical, check, self._pool,
-            agreed.digest,
-        )
-        return self._run_node(top.window, plan, opts, agreed.text, _clip(text), sig)
-
     def _reduce_scatter(
         self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, bounds: list[int]
     ) -> np.ndarray:
-        top = self._topo(opts.timeout_seconds)
+        top = self.topology(opts.timeout_seconds)
         impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
         group = layout.groups[0]
         fits = group.total * group.wire.itemsize <= (top.window.slot_bytes if top.window else 0)
         if impl is CI.SHM and top.nodes == 1 and fits:
-            sig = self._signature(layout, opts, _clip(layout.text))
+            sig = self.count_call(layout, opts, _clip(layout.text))
             agreed = layout if sig is None else sig
             plan = reduce_scatter_plan(
                 top.window, layout, items[0], bounds, self._size, agreed.digest
             )
-            return self._run_node(
+            return self.run_on_node(
                 top.window, plan, opts, agreed.text, _clip(layout.text), sig
             )
         full = self._reduce(items, layout, opts)[0]
         lo, hi = bounds[self._rank], bounds[self._rank + 1]
         return full[lo:hi].copy()
 
-    def _mpi_plan(
-        self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, check: Any
-    ) -> Plan:
-        if check:
-            yield from self._agree(check)
-        out = []
-        for group in layout.groups:
-            buf = self._pack_whole(group, items)
-            yield from reduce_calls(self._comm, buf, layout.op, opts.bytes_per_pack)
-            if layout.op is ReduceOp.MEAN and group.wire.kind == "f":
-                np.divide(buf, np.asarray(self._size, dtype=group.wire), out=buf)
-            out.append(buf)
-        return out
-
-    def _run(
+    def run_mpi(
         self, plan: Plan, opts: CommunicationOptions, what: str, sig: _Sig | None = None
     ) -> Any:
+        """Drive the MPI plan ``plan`` (blocking, or polled against the timeout).
+
+        Example: ``engine.run_mpi(plan, opts, engine.describe(layout))``.
+        """
         self._check_pending(plan)
         watch = None
         if sig is not None:
@@ -762,7 +849,7 @@ class Collectives:
 
     # -- checked mode ------------------------------------------------------
 
-    def _signature(self, layout: Any, opts: CommunicationOptions, what: str) -> _Sig | None:
+    def count_call(self, layout: Any, opts: CommunicationOptions, what: str) -> _Sig | None:
         """Count the call; in checked mode also record it on the board and return what
         the ranks compare (``None`` without a timeout: the layout's digest is enough)."""
         if self._pending is not None:
@@ -827,7 +914,7 @@ class Collectives:
                 raise error
             self._pending = None
 
-    def _agree(self, layout: Any) -> Plan:
+    def agreement(self, layout: Any) -> Plan:
         """Check that every rank runs the same call (``layout``: a layout or a checked
         call's :class:`_Sig`, with ``digest`` and ``text``); on every rank raise if not."""
         MPI = self._mpi
@@ -870,7 +957,7 @@ class Collectives:
     def _allgather_plan(self, moved: np.ndarray, layout: _Simple, check: Any) -> Plan:
         MPI = self._mpi
         if check:
-            yield from self._agree(check)
+            yield from self.agreement(check)
         rows = np.zeros(self._size, dtype=np.int64)
         yield Call("Allgather", (np.array([moved.shape[0]], np.int64), rows))
         rest = moved.shape[1:]
@@ -893,7 +980,7 @@ class Collectives:
         check: Any,
     ) -> Plan:
         if check:
-            yield from self._agree(check)
+            yield from self.agreement(check)
         buf = _aligned_bytes(layout.total)
         views = [
             buf[o : o + a.nbytes].view(a.dtype).reshape(a.shape)
@@ -902,7 +989,7 @@ class Collectives:
         if self._rank == root:
             for view, a in zip(views, items, strict=True):
                 np.copyto(view, a)
-        step = opts.bytes_per_pack or max(layout.total, 1)
+        step = opts.mpi_message_bytes or max(layout.total, 1)
         for lo in range(0, layout.total, step):
             hi = min(lo + step, layout.total)
             yield Call("Bcast", (buf[lo:hi], root))
@@ -917,6 +1004,6 @@ def _broadcast_layout(items: list[np.ndarray], root: int, opts: CommunicationOpt
         total += -(-a.nbytes // ALIGN) * ALIGN
     text = (
         f"broadcast(root={root}, {describe_arrays(items)}, {_mode(opts)}, "
-        f"bytes_per_pack={opts.bytes_per_pack})"
+        f"mpi_message_bytes={opts.mpi_message_bytes})"
     )
     return _Simple(text, signature_hash(text), offsets=tuple(offsets), total=total)

@@ -233,6 +233,22 @@ class BufferPool:
 
     def __init__(self) -> None:
         self._spare: dict[object, np.ndarray] = {}
+        self._addresses: dict[object, tuple[np.ndarray, int]] = {}
+
+    def take_with_address(self, key: object, count: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
+        """:meth:`take`, and the buffer's data address (looked up once per buffer).
+
+        Example: ``buf, address = pool.take_with_address(key, n, np.dtype(np.float32))``.
+        """
+        buf = self.take(key, count, dtype)
+        known = self._addresses.get(key)
+        if known is not None and known[0] is buf:
+            return buf, known[1]
+        address = data_address(buf)
+        if len(self._addresses) >= self.LIMIT:
+            self._addresses.clear()
+        self._addresses[key] = (buf, address)
+        return buf, address
 
     def take(self, key: object, count: int, dtype: np.dtype) -> np.ndarray:
         """A 1-D buffer of ``count`` elements of ``dtype`` for ``key``, reused when free.
@@ -240,9 +256,12 @@ class BufferPool:
         Example: ``buf = pool.take(("allreduce", layout.digest, 0), n, wire)``.
         """
         buf = self._spare.get(key)
-        # References: the pool's dict, ``buf`` here and getrefcount's argument.
-        if buf is not None and sys.getrefcount(buf) == 3:
-            return buf
+        # References: the pool's dict, ``buf`` here and getrefcount's argument, and the
+        # address cache's entry when there is one.
+        if buf is not None:
+            held = 4 if key in self._addresses and self._addresses[key][0] is buf else 3
+            if sys.getrefcount(buf) == held:
+                return buf
         buf = np.empty(count, dtype)
         if len(self._spare) >= self.LIMIT:
             self._spare.clear()

@@ -34,7 +34,13 @@ from hpcdist.collectives.mpi_backend import Call, Plan
 from hpcdist.collectives.ops import ReduceOp
 
 
-def _ranges(total: int, itemsize: int, bytes_per_pack: int) -> list[tuple[int, int]]:
+def message_ranges(total: int, itemsize: int, message_bytes: int) -> list[tuple[int, int]]:
+    """Element ranges of ``total`` elements cut into messages of at most ``message_bytes``.
+
+    ``message_bytes`` 0 (or less): one message. Example: ``message_ranges(10, 4, 16)``
+    is ``[(0, 4), (4, 8), (8, 10)]``.
+    """
+    bytes_per_pack = message_bytes
     step = total if bytes_per_pack <= 0 else max(1, bytes_per_pack // itemsize)
     return [(lo, min(lo + step, total)) for lo in range(0, total, max(step, 1))]
 
@@ -53,7 +59,7 @@ def reduce_calls(comm: Any, buf: np.ndarray, op: ReduceOp, bytes_per_pack: int) 
         return buf
     work = buf.astype(np.float32) if buf.dtype == np.float16 else buf
     exact = work.dtype.kind in "iub" or (size == 2 and op in (ReduceOp.SUM, ReduceOp.MEAN))
-    for lo, hi in _ranges(work.size, work.dtype.itemsize, bytes_per_pack):
+    for lo, hi in message_ranges(work.size, work.dtype.itemsize, bytes_per_pack):
         part = work[lo:hi]
         if exact:
             yield Call("Allreduce", (MPI.IN_PLACE, part, mpi_op))

@@ -1,7 +1,8 @@
-"""How collectives communicate: the implementation to use, pack size and timeout.
+"""How collectives communicate: the implementation to use, bucket and message sizes, timeout.
 
 :class:`CommunicationOptions` follows ``tf.distribute.experimental.CommunicationOptions``:
-``bytes_per_pack``, ``timeout_seconds`` and ``implementation``. Options given
+``bytes_per_pack`` (the fusion bucket size), ``timeout_seconds`` and
+``implementation``; hpcdist adds ``mpi_message_bytes`` (the longest MPI message). Options given
 to one call are merged over the options of the strategy (or engine): a field
 the call sets to a non-default value wins. When neither sets a timeout, the
 process-wide default applies: :func:`set_default_timeout`, else the
@@ -83,14 +84,14 @@ class CommunicationImplementation(enum.Enum):
 CollectiveCommunication = CommunicationImplementation
 
 
-def _check_bytes_per_pack(value: Any) -> int:
+def _check_bytes_per_pack(value: Any, name: str = "bytes_per_pack") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(
-            f"bytes_per_pack is {value!r} of type {type(value).__name__}; expected an int "
+            f"{name} is {value!r} of type {type(value).__name__}; expected an int "
             ">= 0 (0 lets hpcdist choose)"
         )
     if value < 0:
-        raise ValueError(f"bytes_per_pack is {value}; expected an int >= 0 (0 lets hpcdist choose)")
+        raise ValueError(f"{name} is {value}; expected an int >= 0 (0 lets hpcdist choose)")
     return int(value)
 
 
@@ -112,8 +113,13 @@ class CommunicationOptions:
     """Options of cross-rank collectives, like TF's ``CommunicationOptions``.
 
     Args:
-        bytes_per_pack: split the fused buffers of one call into messages of
-            at most this many bytes (0: no split, one message per dtype).
+        bytes_per_pack: the fusion bucket size, TF's meaning: the tensors of
+            one call are fused per dtype and cut into buckets of at most this
+            many bytes, each reduced through the node's shared window as one
+            unit (0: hpcdist's default, 4 MiB, capped by the window's slot).
+        mpi_message_bytes: the longest MPI message: a fused buffer reduced or
+            broadcast over MPI is sent in messages of at most this many bytes
+            (0: one message per fused buffer). An hpcdist addition.
         timeout_seconds: raise :class:`~hpcdist.errors.CollectiveTimeoutError`
             when a collective does not complete in this many seconds
             (``None``: wait for ever). Every rank must either set a timeout or
@@ -129,23 +135,32 @@ class CommunicationOptions:
         <CommunicationImplementation.AUTO: 'AUTO'>
     """
 
-    __slots__ = ("_bytes_per_pack", "_timeout_seconds", "_implementation", "_hash")
+    __slots__ = (
+        "_bytes_per_pack", "_timeout_seconds", "_implementation", "_mpi_message_bytes", "_hash"
+    )
 
     def __init__(
         self,
         bytes_per_pack: int = 0,
         timeout_seconds: float | None = None,
         implementation: CommunicationImplementation | str = CommunicationImplementation.AUTO,
+        mpi_message_bytes: int = 0,
     ) -> None:
         self._bytes_per_pack = _check_bytes_per_pack(bytes_per_pack)
+        self._mpi_message_bytes = _check_bytes_per_pack(mpi_message_bytes, "mpi_message_bytes")
         self._timeout_seconds = _check_timeout(timeout_seconds)
         self._implementation = CommunicationImplementation.from_any(implementation)
         self._hash = hash(self._key())
 
     @property
     def bytes_per_pack(self) -> int:
-        """Largest message in bytes a fused buffer is split into (0: no split)."""
+        """The fusion bucket size in bytes (0: the default, 4 MiB)."""
         return self._bytes_per_pack
+
+    @property
+    def mpi_message_bytes(self) -> int:
+        """The longest MPI message in bytes (0: one message per fused buffer)."""
+        return self._mpi_message_bytes
 
     @property
     def timeout_seconds(self) -> float | None:
@@ -189,10 +204,27 @@ class CommunicationOptions:
                 if other.implementation is not default.implementation
                 else self.implementation
             ),
+            mpi_message_bytes=(
+                other.mpi_message_bytes
+                if other.mpi_message_bytes != default.mpi_message_bytes
+                else self.mpi_message_bytes
+            ),
         )
 
-    def _key(self) -> tuple[int, float | None, CommunicationImplementation]:
-        return (self._bytes_per_pack, self._timeout_seconds, self._implementation)
+    def with_timeout(self, timeout_seconds: float | None) -> CommunicationOptions:
+        """These options with ``timeout_seconds`` replaced.
+
+        Example: ``CommunicationOptions(bytes_per_pack=64).with_timeout(5).timeout_seconds == 5``.
+        """
+        return CommunicationOptions(
+            self._bytes_per_pack, timeout_seconds, self._implementation, self._mpi_message_bytes
+        )
+
+    def _key(self) -> tuple[int, float | None, CommunicationImplementation, int]:
+        return (
+            self._bytes_per_pack, self._timeout_seconds, self._implementation,
+            self._mpi_message_bytes,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CommunicationOptions):
@@ -203,10 +235,13 @@ class CommunicationOptions:
         return self._hash
 
     def __repr__(self) -> str:
+        extra = (
+            f", mpi_message_bytes={self._mpi_message_bytes}" if self._mpi_message_bytes else ""
+        )
         return (
             f"CommunicationOptions(bytes_per_pack={self._bytes_per_pack}, "
             f"timeout_seconds={self._timeout_seconds}, "
-            f"implementation={self._implementation.name})"
+            f"implementation={self._implementation.name}{extra})"
         )
 
 

@@ -249,9 +249,9 @@ def _chunk(m: int, n: int, itemsize: int) -> int:
     return -(-per // unit) * unit
 
 
-def _code(op: ReduceOp, wire: np.dtype, hierarchical: bool) -> int:
-    """The kernel op code: MEAN sums first for integers (divided by the engine) and
-    for the hierarchical path (divided once, after the leaders' sum)."""
+def kernel_op(op: ReduceOp, wire: np.dtype, hierarchical: bool) -> int:
+    """The kernel op code (``fusion.OP_CODES``): MEAN sums first for integers (divided
+    by the engine) and for the hierarchical path (divided once, after the leaders' sum)."""
     if op is ReduceOp.MEAN and (hierarchical or wire.kind != "f"):
         return OP_CODES[ReduceOp.SUM]
     return OP_CODES[op]
@@ -291,7 +291,7 @@ def allreduce_plan(
         else:
             fused = pool.take((layout.digest, index), group.total, group.wire)
         wire = group.wire
-        code = _code(layout.op, wire, hierarchical)
+        code = kernel_op(layout.op, wire, hierarchical)
         for bucket in group.buckets:
             which = window.next_set()
             if bucket.tensor.size:
@@ -354,7 +354,7 @@ def reduce_scatter_plan(
     lo, hi = bounds[me], bounds[me + 1]
     out = np.empty(hi - lo, group.wire)
     if hi > lo:
-        code = _code(layout.op, group.wire, False)
+        code = kernel_op(layout.op, group.wire, False)
         reduce_slots(window.slots(which, group.wire), lo, hi, out, 0, code, divisor)
     return out
 

@@ -23,6 +23,8 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from hpcdist.arrays import array_module, as_result, asarray, is_array, to_device
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.distribute import context, nest, streams
@@ -133,8 +135,10 @@ class StrategyExtended:
 
     def _make_replica_context(self, local_id: int, merger: Callable | None) -> ReplicaContext:
         replica_id = self._worker_index * self._num_local_replicas + local_id
-        device = (self._devices[local_id].name,)
-        return ReplicaContext(self._strategy, replica_id, local_id, device, merger)
+        names = self.__dict__.get("_device_names")
+        if names is None:
+            names = self._device_names = tuple(d.name for d in self._devices)
+        return ReplicaContext(self._strategy, replica_id, local_id, (names[local_id],), merger)
 
     @contextlib.contextmanager
     def _device_scope(self, local_id: int) -> Iterator[None]:
@@ -168,6 +172,13 @@ class StrategyExtended:
     def call_for_each_replica(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
         """Run ``fn`` on every local replica (what ``strategy.run`` does after its checks)."""
         kwargs = kwargs or {}
+        if self._num_local_replicas == 1 and not kwargs and _plain_arrays(args):
+            # The common step of one replica per worker: nothing to select or check.
+            if self._devices[0].device_type == "CPU":
+                with self._make_replica_context(0, None):
+                    return fn(*args)
+            with self._make_replica_context(0, None), self._device_scope(0):
+                return fn(*args)
         self._check_component_counts((args, kwargs))
         if self._num_local_replicas > 1:
             return self._runner.run(fn, args, kwargs)
@@ -247,19 +258,43 @@ class StrategyExtended:
         )
 
     def _reduce_leaves(self, op: ReduceOp, leaves: Sequence[Any], options: Any = None) -> list[Any]:
-        """Reduce each leaf over all replicas; results on the first local device."""
+        """Reduce each leaf over all replicas; results on the first local device.
+
+        One engine call for all leaves. With one local replica per worker the
+        replica's arrays go to the engine as they are (it reads them in place
+        and never writes them) and the engine does the whole reduction, MEAN
+        included, so the result is the engine's, bit for bit, in a buffer the
+        engine reuses once the caller has dropped it. With several local
+        replicas the cross-device ops first reduce the local values.
+        """
         device = self._devices[0]
+        direct = self._num_local_replicas == 1 and self._num_workers > 1
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         results: list[Any] = []
         pending: list[int] = []
         for leaf in leaves:
-            comps = self._components(leaf, op)
+            if direct and leaf.__class__ is np.ndarray:
+                comps: Any = [leaf]  # (what _components gives for an array, with less work)
+            elif direct and leaf.__class__ is PerReplica and _host_values(leaf, 1):
+                comps = list(leaf.values)
+            else:
+                comps = self._components(leaf, op)
             if isinstance(comps, list):
                 pending.append(len(results))
-                results.append(self._cross_device_ops.reduce_local(local_op, comps, device))
+                if direct:
+                    results.append(comps[0])
+                else:
+                    results.append(self._cross_device_ops.reduce_local(local_op, comps, device))
             else:
                 results.append(to_device(comps, device.device_type, device.index))
-        if pending and self._num_workers > 1:
+        if not pending:
+            return results
+        if direct:
+            reduced = self._collectives.allreduce([results[i] for i in pending], op, options)
+            for i, r in zip(pending, reduced, strict=True):
+                results[i] = r
+            return results
+        if self._num_workers > 1:
             reduced = self._collectives.allreduce([results[i] for i in pending], local_op, options)
             for i, r in zip(pending, reduced, strict=True):
                 results[i] = r
@@ -280,7 +315,11 @@ class StrategyExtended:
             return [
                 place(next(reduced), self._devices) if r is _UNHANDLED else r for r in done
             ]
-        return [place(r, self._devices) for r in self._reduce_leaves(op, leaves, options)]
+        reduced = self._reduce_leaves(op, leaves, options)
+        if self._num_local_replicas == 1 and self._devices[0].device_type == "CPU":
+            if all(r.__class__ is np.ndarray for r in reduced):
+                return reduced  # (what place gives for NumPy arrays on one CPU device)
+        return [place(r, self._devices) for r in reduced]
 
     def _local_gpu_reduce(self, op: ReduceOp, value: Any, dests: Sequence[Device]) -> Any:
         """The cross-device ops' ``reduce`` of a ``PerReplica`` of GPU arrays, else _UNHANDLED.
@@ -397,6 +436,10 @@ class StrategyExtended:
         ndim = comps[0].ndim
         if not -ndim <= axis < ndim:
             raise ValueError(f"axis {axis} is out of range for values of rank {ndim}")
+        if len(comps) == 1 and self._num_workers > 1:
+            # One replica per worker: the engine reads the value in place and returns a
+            # new array (no local concatenation copy on the way).
+            return self._collectives.allgather(comps[0], axis=axis, options=options)
         xp = array_module(comps[0])
         try:
             local = xp.concatenate(comps, axis=axis)
@@ -551,6 +594,23 @@ class StrategyExtended:
 
 
 _UNHANDLED = object()  # _local_gpu_reduce: this value goes the usual way
+
+
+def _host_values(value: PerReplica, count: int) -> bool:
+    """Whether ``value`` has ``count`` components, each a NumPy array."""
+    values = value.values
+    return len(values) == count and all(v.__class__ is np.ndarray for v in values)
+
+
+def _plain_arrays(args: tuple) -> bool:
+    """Whether every argument is a NumPy array, or a list of them (a gradient list)."""
+    for a in args:
+        if a.__class__ is np.ndarray:
+            continue
+        if a.__class__ is list and all(x.__class__ is np.ndarray for x in a):
+            continue
+        return False
+    return True
 
 
 def _is_float(x: Any) -> bool:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hpcdist.arrays import as_result, asarray
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context, nest
@@ -150,6 +152,10 @@ class ReplicaContext:
         Example: ``ctx.all_reduce(hd.ReduceOp.MEAN, {"loss": loss, "grads": grads})``.
         """
         op = ReduceOp.from_any(reduce_op)
+        if self._merger is None:
+            fast = _fast_all_reduce(self, op, value, options)
+            if fast is not None:
+                return fast
         flat = [asarray(x) for x in nest.flatten(value)]
 
         def merge(strategy: Strategy, *leaves: Any) -> list[Any]:
@@ -175,3 +181,19 @@ class ReplicaContext:
         key = ("all_gather", axis, len(flat), [(x.ndim, str(x.dtype)) for x in flat])
         gathered = self._merge(merge, flat, None, True, key)
         return nest.pack_sequence_as(value, list(gathered))
+
+
+def _fast_all_reduce(ctx: ReplicaContext, op: ReduceOp, value: Any, options: Any) -> Any:
+    """One replica per worker and a NumPy array or a list of them: the reduction without
+    the nest walk and the merge rendezvous (one engine call); ``None`` for anything else."""
+    if value.__class__ is np.ndarray:
+        leaves = [value]
+    elif value.__class__ is list and value and all(x.__class__ is np.ndarray for x in value):
+        leaves = value
+    else:
+        return None
+    ctx._check_current("all_reduce")
+    reduced = ctx._strategy.extended._all_reduce_leaves(op, leaves, options)
+    if value.__class__ is np.ndarray:
+        return as_result(reduced[0])
+    return [as_result(x) for x in reduced]

@@ -233,6 +233,7 @@ def _dtype_token(dtype: np.dtype) -> np.ndarray:
 
 
 _TOKENS = {c: _dtype_token(np.dtype(c)) for c in _SUPPORTED_CHARS}
+_ITEMSIZES = {c: np.dtype(c).itemsize for c in _SUPPORTED_CHARS}
 
 
 @njit(**_JIT)
@@ -470,6 +471,33 @@ def reduce_slots(
         _fold_half(src, row_bytes, nrows, count, dst, op, divisor)
     else:
         _fold(src, row_bytes, nrows, count, dst, op, divisor, itemsize, _TOKENS[char])
+
+
+def fold_rows(
+    src: int, row_bytes: int, nrows: int, count: int, dst: int, op: int, divisor: int, char: str
+) -> None:
+    """:func:`reduce_slots` on raw addresses, without its checks (the hot small-message path).
+
+    Folds ``count`` elements of ``nrows`` contiguous rows starting at address
+    ``src`` (``row_bytes`` apart) into the contiguous ``dst``, in row order,
+    with the same compiled kernels, so the bits equal :func:`reduce_slots`'s.
+    ``char`` is the dtype's character (``"f"`` for float32). The caller
+    guarantees what :func:`reduce_slots` checks.
+
+    Example: ``fold_rows(slots_addr, slot_bytes, 2, n, out_addr, SUM, 2, "f")``.
+    """
+    if count <= 0:
+        return
+    token = _TOKENS[char]
+    itemsize = _ITEMSIZES[char]
+    if nrows < 2 or (op > MEAN and char == "e"):
+        _fold_elementwise(src, row_bytes, itemsize, nrows, count, dst, itemsize, op, divisor, token)
+    elif op > MEAN:
+        _fold_minmax(src, row_bytes, nrows, count, dst, op, itemsize, token)
+    elif char == "e":
+        _fold_half(src, row_bytes, nrows, count, dst, op, divisor)
+    else:
+        _fold(src, row_bytes, nrows, count, dst, op, divisor, itemsize, token)
 
 
 # ------------------------------------------------------------------------------- scale

@@ -305,7 +305,9 @@ def test_every_kind_of_disagreement_is_caught(c, case):
         "root": lambda: c.broadcast([x], root=1 if odd else 0),
         "timeout-mode": lambda: c.allreduce([x], "SUM", TIMEOUT if odd else None),
         "allgather-dims": lambda: c.allgather(np.ones((c.rank + 1, 3 if odd else 2))),
-        "pack": lambda: c.broadcast([x], options=CommunicationOptions(4 if odd else 0)),
+        "pack": lambda: c.broadcast(
+            [x], options=CommunicationOptions(mpi_message_bytes=4 if odd else 0)
+        ),
     }
     last = c.size - 1
     _expect_mismatch(calls[case], f"rank {last} passed", f"rank{'s' if last > 1 else ''} 0")

@@ -223,7 +223,7 @@ def test_nccl_routes(spy, monkeypatch, fake_nccl_provider, implementation, op):
     inputs = [x for x in _nccl_inputs(spy.Get_rank()) if op != "MAX" or x.dtype.kind != "c"]
     before = dict(fake_nccl_provider.calls)
     out = engine.allreduce([fake(x) for x in inputs], op)
-    nodes = engine._topo().nodes
+    nodes = engine.topology().nodes
     expected_route = "hierarchical" if implementation == "HIERARCHICAL" and nodes > 1 else "nccl"
     assert engine.last_device_route == expected_route
     used = {k for k, v in fake_nccl_provider.calls.items() if v > before.get(k, 0)}

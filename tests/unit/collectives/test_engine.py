@@ -286,12 +286,19 @@ def test_float16_travels_as_float32_and_comes_back_as_float16():
     np.testing.assert_array_equal(out[0], np.array([0.75, -1.0], np.float16))
 
 
-def test_bytes_per_pack_splits_the_fused_buffer():
+def test_mpi_message_bytes_splits_the_fused_buffer():
     comm = FakePeerComm()
-    c = _over_fake(comm, CommunicationOptions(bytes_per_pack=16))
-    c.allreduce([np.ones(3), np.ones(2)], "MAX")  # 5 float64 = 40 bytes -> 3 packs
+    c = _over_fake(comm, CommunicationOptions(mpi_message_bytes=16))
+    c.allreduce([np.ones(3), np.ones(2)], "MAX")  # 5 float64 = 40 bytes -> 3 messages
     assert comm.calls == ["Iallreduce"] + ["Reduce", "Bcast"] * 3
     assert [len(a[1]) for a in comm.args[1::2]] == [2, 2, 1]
+
+
+def test_bytes_per_pack_is_the_bucket_size_not_the_mpi_message_size():
+    comm = FakePeerComm()
+    c = _over_fake(comm, CommunicationOptions(bytes_per_pack=16))
+    c.allreduce([np.ones(3), np.ones(2)], "MAX")
+    assert comm.calls == ["Iallreduce", "Reduce", "Bcast"]  # one message for the group
 
 
 def test_timeout_mode_uses_nonblocking_calls():

@@ -95,3 +95,19 @@ def test_merge_non_default_fields_of_other_win():
 def test_merge_rejects_other_types():
     with pytest.raises(TypeError, match="CommunicationOptions"):
         CommunicationOptions().merge({"timeout_seconds": 3})
+
+
+def test_mpi_message_bytes_is_its_own_option():
+    opts = CommunicationOptions(bytes_per_pack=1024, mpi_message_bytes=4096)
+    assert (opts.bytes_per_pack, opts.mpi_message_bytes) == (1024, 4096)
+    assert CommunicationOptions().mpi_message_bytes == 0
+    assert repr(opts).endswith("implementation=AUTO, mpi_message_bytes=4096)")
+    assert opts != CommunicationOptions(bytes_per_pack=1024)
+    base = CommunicationOptions(mpi_message_bytes=64)
+    merged = base.merge(CommunicationOptions(timeout_seconds=3))
+    assert merged.mpi_message_bytes == 64 and merged.timeout_seconds == 3
+    assert opts.with_timeout(5) == CommunicationOptions(1024, 5, "auto", 4096)
+    with pytest.raises(ValueError, match="mpi_message_bytes is -1"):
+        CommunicationOptions(mpi_message_bytes=-1)
+    with pytest.raises(TypeError, match="mpi_message_bytes"):
+        CommunicationOptions(mpi_message_bytes=1.5)  # type: ignore[arg-type]

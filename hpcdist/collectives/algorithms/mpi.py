@@ -1,0 +1,115 @@
+"""Buffer-mode MPI allreduce of each fused group (the algorithm that always applies).
+
+A group of one tensor is reduced straight from the caller's array into the
+result buffer (``Allreduce(src, out)``) when the reduction is exact on MPI
+(integers; floating SUM and MEAN on two ranks); every other group is packed
+into the result buffer first and reduced in place
+(:func:`hpcdist.collectives.mpi_reduce.reduce_calls`: ``Reduce`` + ``Bcast``
+where MPI's floating results could differ between ranks). Messages are at most
+``CommunicationOptions.mpi_message_bytes`` long (0: one message per group).
+Result buffers come from the engine's pool.
+
+Example: ``CommunicationOptions(implementation="mpi")`` forces it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hpcdist.collectives.mpi_backend import Call, Plan
+from hpcdist.collectives.mpi_reduce import message_ranges, reduce_calls
+from hpcdist.collectives.ops import ReduceOp
+from hpcdist.collectives.options import CommunicationOptions
+from hpcdist.collectives.registry import Where
+
+if TYPE_CHECKING:
+    from hpcdist.collectives.engine import Collectives
+    from hpcdist.collectives.fusion import Group, Layout
+
+
+def exact_in_place(group: Group, op: ReduceOp, size: int) -> bool:
+    """Whether one ``Allreduce`` gives every rank the same bits for ``group``.
+
+    Example: ``exact_in_place(g, ReduceOp.SUM, 2)`` for a float32 group is ``True``.
+    """
+    wire = group.wire
+    if wire.kind in "iub":
+        return True
+    return size == 2 and op in (ReduceOp.SUM, ReduceOp.MEAN) and wire.kind == "f" and (
+        wire.itemsize > 2
+    )
+
+
+def source_view(group: Group, items: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The group's only tensor as a flat wire-dtype view (``None`` for several tensors).
+
+    Example: ``source_view(layout.groups[0], [x])`` is ``x.reshape(-1)`` for float32 ``x``.
+    """
+    if len(group.members) != 1:
+        return None
+    a = items[group.members[0][0]]
+    return a.reshape(-1).view(group.wire)
+
+
+def mpi_plan(
+    engine: Collectives,
+    items: Sequence[np.ndarray],
+    layout: Layout,
+    opts: CommunicationOptions,
+    check: Any,
+) -> Plan:
+    """The MPI calls of the allreduce (after the agreement check ``check``, if any).
+
+    Example: ``engine.run_agreed(layout, opts, what, lambda c: mpi_plan(engine, ..., c))``.
+    """
+    from hpcdist.runtime import mpi
+
+    MPI = mpi()
+    if check:
+        yield from engine.agreement(check)
+    size, op = engine.size, layout.op
+    chunk = opts.mpi_message_bytes
+    out = []
+    for index, group in enumerate(layout.groups):
+        buf = engine.buffers.take(("mpi", layout.digest, index), group.total, group.wire)
+        src = source_view(group, items) if exact_in_place(group, op, size) else None
+        if src is not None and group.total:
+            mpi_op = MPI.MIN if op is ReduceOp.MIN else MPI.MAX if op is ReduceOp.MAX else MPI.SUM
+            for lo, hi in message_ranges(group.total, group.wire.itemsize, chunk):
+                yield Call("Allreduce", (src[lo:hi], buf[lo:hi], mpi_op))
+        else:
+            engine.pack_group(group, items, buf)
+            yield from reduce_calls(engine.comm, buf, op, chunk)
+        if op is ReduceOp.MEAN and group.wire.kind == "f":
+            np.divide(buf, np.asarray(size, dtype=group.wire), out=buf)
+        out.append(buf)
+    return out
+
+
+class MpiAllreduce:
+    """Buffer-mode MPI on the engine's communicator; applies to every call."""
+
+    name = "mpi"
+
+    def applies(self, where: Where) -> bool:
+        """Always: the fallback at the end of the registry."""
+        return True
+
+    def allreduce(
+        self,
+        engine: Collectives,
+        items: Sequence[np.ndarray],
+        layout: Layout,
+        opts: CommunicationOptions,
+    ) -> list[np.ndarray]:
+        """Agree on the call (a node barrier or a tiny MPI check), then reduce over MPI."""
+        what = engine.describe(layout)
+        return engine.run_agreed(
+            layout, opts, what, lambda check: mpi_plan(engine, items, layout, opts, check)
+        )
+
+
+ALGORITHM = MpiAllreduce()

@@ -1,0 +1,83 @@
+"""AUTO's MPI band: on one node of two ranks, sizes where the MPI library wins.
+
+On this machine's Open MPI (two ranks, one node), ``MPI_Allreduce`` of 4 to
+32 MiB (about the L3 cache) beats the shared window's reduce-scatter, which
+streams every byte through memory twice; below and above that band the
+window is as fast or faster. :data:`hpcdist.collectives.choice.MPI_BAND` holds the band,
+measured with ``hpcdist bench strategy`` (see ``docs/performance.md``);
+``HPCDIST_MPI_BAND=lo:hi`` (bytes; ``0:0`` turns it off) replaces it.
+
+Only calls whose reduction MPI does exactly (integers, floating SUM and MEAN
+on two ranks: ``a + b`` is ``b + a`` bit for bit) and whose one group is one
+tensor run here, straight from the caller's array into the result buffer:
+every rank gets the same bits, and the same bits as ``shm``.
+
+Example: a 4 MiB float32 SUM on two ranks of one node runs here under AUTO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hpcdist.collectives import choice
+from hpcdist.collectives.algorithms.mpi import ALGORITHM as MPI_ALGORITHM
+from hpcdist.collectives.algorithms.mpi import exact_in_place, source_view
+from hpcdist.collectives.ops import ReduceOp
+from hpcdist.collectives.options import CommunicationImplementation as CI
+from hpcdist.collectives.options import CommunicationOptions
+from hpcdist.collectives.registry import Where
+
+if TYPE_CHECKING:
+    from hpcdist.collectives.engine import Collectives
+    from hpcdist.collectives.fusion import Layout
+
+
+class MpiBand:
+    """MPI, under AUTO, for one exact tensor in the measured size band on one 2-rank node."""
+
+    name = "mpi-direct"
+
+    def applies(self, where: Where) -> bool:
+        """AUTO, one node of two ranks, one exact group of one tensor, size in the band."""
+        if not where.auto or where.route is not CI.SHM or where.size != 2:
+            return False
+        layout = where.layout
+        lo, hi = choice.mpi_band()
+        if not lo <= layout.nbytes < hi or len(layout.groups) != 1:
+            return False
+        group = layout.groups[0]
+        return len(group.members) == 1 and exact_in_place(group, layout.op, where.size)
+
+    def allreduce(
+        self,
+        engine: Collectives,
+        items: Sequence[np.ndarray],
+        layout: Layout,
+        opts: CommunicationOptions,
+    ) -> list[np.ndarray]:
+        """Node barrier comparing digests, then ``Allreduce(src, out)``.
+
+        Unchecked calls do it in two direct calls; checked ones (a timeout) run
+        the ``mpi`` algorithm's plan, with sequence numbers and deadlines.
+        """
+        if opts.timeout_seconds is not None or opts.mpi_message_bytes:
+            return MPI_ALGORITHM.allreduce(engine, items, layout, opts)
+        from hpcdist.runtime import mpi
+
+        window = engine.topology().window
+        engine.count_call(layout, opts, layout.text)
+        agreed, _ = window.sync(layout.digest, None)
+        if not agreed:
+            engine.report_mismatch(window, layout.text)
+        group = layout.groups[0]
+        out = engine.buffers.take(("mpi", layout.digest, 0), group.total, group.wire)
+        engine.comm.Allreduce(source_view(group, items), out, mpi().SUM)
+        if layout.op is ReduceOp.MEAN and group.wire.kind == "f":
+            np.divide(out, np.asarray(engine.size, dtype=group.wire), out=out)
+        return [out]
+
+
+ALGORITHM = MpiBand()

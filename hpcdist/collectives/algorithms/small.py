@@ -1,0 +1,93 @@
+"""The small-message path: one node, one bucket of at most 4 KiB, no timeout.
+
+The loss, the metrics, the end-of-data and preemption flags are each one
+tiny allreduce per step, so their cost is the engine's fixed cost. This
+path skips the plan machinery: it copies the tensor (or packs the tensors,
+one compiled call) into this rank's slot, arrives at the node barrier with
+the call's digest and waits (one compiled call, which also compares the
+digests: the always-on agreement check), and folds all slots in rank order
+into the result buffer (one compiled call on raw addresses, the kernels of
+:func:`~hpcdist.kernels.reduce_slots`, so the bits are the ``shm`` path's).
+A digest mismatch is reported as on the other paths.
+
+Checked calls (a timeout in effect) take the ``shm`` path, which also
+compares sequence numbers and sleeps while it waits.
+
+Example: ``engine.allreduce([np.float32(loss)], "MEAN")`` on one node runs here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hpcdist.collectives.fusion import addresses
+from hpcdist.collectives.options import CommunicationImplementation as CI
+from hpcdist.collectives.options import CommunicationOptions
+from hpcdist.collectives.registry import Where
+from hpcdist.collectives.shm_backend import kernel_op
+from hpcdist.kernels import pack_pieces
+from hpcdist.kernels.cpu import fold_rows
+
+if TYPE_CHECKING:
+    from hpcdist.collectives.engine import Collectives
+    from hpcdist.collectives.fusion import Layout
+
+#: Calls of at most this many bytes (all tensors together) take this path.
+SMALL_BYTES = 4096
+
+
+class SmallAllreduce:
+    """Pack, barrier with digest, fold: three compiled calls and no generator."""
+
+    name = "small"
+
+    def applies(self, where: Where) -> bool:
+        """One node (route SHM), no timeout, one dtype in one bucket, <= :data:`SMALL_BYTES`."""
+        layout = where.layout
+        return (
+            where.route is CI.SHM
+            and where.topology.window is not None
+            and where.options.timeout_seconds is None
+            and layout.nbytes <= SMALL_BYTES
+            and len(layout.groups) == 1
+            and len(layout.groups[0].buckets) == 1
+            and where.topology.window.slot_bytes >= SMALL_BYTES
+        )
+
+    def allreduce(
+        self,
+        engine: Collectives,
+        items: Sequence[np.ndarray],
+        layout: Layout,
+        opts: CommunicationOptions,
+    ) -> list[np.ndarray]:
+        """The reduced buffer of the call's one group."""
+        window = engine.topology().window
+        engine.count_call(layout, opts, layout.text)
+        group = layout.groups[0]
+        wire, total = group.wire, group.total
+        which = window.next_set()
+        if len(group.members) == 1:  # one tensor: a plain copy into the slot
+            row = window.slots(which, wire)[window.rank]
+            np.copyto(row[:total], items[group.members[0][0]].reshape(-1).view(wire))
+        elif group.whole.tensor.size:
+            whole = group.whole
+            pack_pieces(
+                window.slot_addresses[which][window.rank], addresses(items), whole.tensor,
+                whole.src, whole.nbytes, whole.dst,
+            )
+        agreed, _ = window.sync(layout.digest, None)
+        if not agreed:
+            engine.report_mismatch(window, layout.text)
+        fused, address = engine.buffers.take_with_address((layout.digest, 0), total, wire)
+        fold_rows(
+            window.slot_addresses[which][0], window.slot_bytes, window.size, total, address,
+            kernel_op(layout.op, wire, False), engine.size, wire.char,
+        )
+        return [fused]
+
+
+ALGORITHM = SmallAllreduce()
