@@ -27,7 +27,8 @@ export NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING ?= 1
 
 MPI_PYTEST := $(PY) -m pytest -q --no-header --color=no -p no:cacheprovider --with-mpi tests/mpi
 
-.PHONY: help install demo test lint unit mpi-test faults docs slurm-test gpu-test bench gpu-bench clean
+.PHONY: help install demo test lint unit mpi-test faults docs slurm-test gpu-test bench gpu-bench clean \
+	interop-test
 
 help:
 	@echo "make demo   - install (first time) and run the main job (digits, 2 ranks)"
@@ -36,6 +37,7 @@ help:
 	@echo "make docs   - build the documentation site (build/site) and test its code blocks"
 	@echo "make slurm-test - start a local SLURM (as root) and run tests/slurm"
 	@echo "make gpu-test   - run tests/gpu (each test says why it skips without a GPU)"
+	@echo "make interop-test - install PyTorch, JAX, TensorFlow (CPU) and run their adapter tests"
 	@echo "make gpu-bench  - run the GPU benchmarks (needs a GPU), results in benchmarks/results/"
 
 $(VENV)/.installed: pyproject.toml
@@ -79,7 +81,18 @@ slurm-test: install
 gpu-test: install
 	timeout -k 20 1200 $(PY) -m pytest -q -rs -p no:cacheprovider tests/gpu
 
-test: lint unit mpi-test faults docs slurm-test gpu-test
+# PyTorch, JAX and TensorFlow (CPU builds) and the tests of hpcdist.torch/.jax/.tensorflow:
+# one-process tests (zero-copy, bad input, the examples under mpirun -n 2), then N-rank runs.
+$(VENV)/.frameworks: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[torch,jax,tensorflow]"
+	@touch $@
+
+interop-test: $(VENV)/.frameworks
+	timeout -k 20 1200 $(PY) -m pytest -q -p no:cacheprovider tests/interop
+	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 2 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
+	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
+
+test: lint unit mpi-test faults docs slurm-test gpu-test interop-test
 	@echo "make test: all passed"
 
 bench: install
