@@ -28,3 +28,10 @@ def test_torch_cnn_reaches_95_percent_on_2_ranks() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("test accuracy:") == 1  # rank 0 prints, once
     assert float(done.stdout.split("test accuracy:")[1].split()[0]) >= 0.95
+
+
+@pytest.mark.timeout(600)
+def test_jax_mlp_reaches_95_percent_on_2_ranks() -> None:
+    done = _mpirun("examples/jax_mlp.py", "--min-accuracy", "0.95")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert float(done.stdout.split("test accuracy:")[1].split()[0]) >= 0.95
