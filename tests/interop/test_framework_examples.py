@@ -35,3 +35,10 @@ def test_jax_mlp_reaches_95_percent_on_2_ranks() -> None:
     done = _mpirun("examples/jax_mlp.py", "--min-accuracy", "0.95")
     assert done.returncode == 0, done.stdout + done.stderr
     assert float(done.stdout.split("test accuracy:")[1].split()[0]) >= 0.95
+
+
+@pytest.mark.timeout(600)
+def test_tf_custom_loop_reaches_95_percent_on_2_ranks() -> None:
+    done = _mpirun("examples/tf_custom_loop.py", "--min-accuracy", "0.95")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert float(done.stdout.split("test accuracy:")[1].split()[0]) >= 0.95
