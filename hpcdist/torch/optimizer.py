@@ -50,6 +50,7 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     bytes_per_pack: int | None = None,
     backward_passes_per_step: int = 1,
     overlap: bool = True,
+    timeout_seconds: float | None = 600.0,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its gradients are averaged over all replicas before a step.
 
@@ -65,6 +66,10 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
             called once per that many passes.
         overlap: reduce buckets on a communication thread while backward
             runs (``False``: all buckets in ``step()``, on the calling thread).
+        timeout_seconds: the communication thread's collectives fail with
+            :class:`~hpcdist.errors.CollectiveTimeoutError` (raised by
+            ``step()``) after this long instead of hanging, and wait sleeping
+            rather than spinning (``None``: no timeout).
 
     Returns the same optimizer object, seen as a subclass of its class.
 
@@ -87,7 +92,7 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     wrapped.__dict__ = optimizer.__dict__  # one optimizer, two views of it
     wrapped._hd = _Reducer(
         optimizer, model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
-        int(backward_passes_per_step), overlap,
+        int(backward_passes_per_step), overlap, timeout_seconds,
     )
     return wrapped
 
@@ -144,6 +149,7 @@ class _Reducer:
         bucket_bytes: int,
         passes: int,
         overlap: bool,
+        timeout_seconds: float | None,
     ) -> None:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if model is not None:
@@ -151,8 +157,11 @@ class _Reducer:
             params.sort(key=lambda p: order.get(id(p), -1))
         params = list(dict.fromkeys(params))  # a parameter in two groups: once
         self._passes = passes
-        self._options = CommunicationOptions(bytes_per_pack=bucket_bytes)
         self._engine = engine_for(strategy, private=overlap)
+        self._options = CommunicationOptions(
+            bytes_per_pack=bucket_bytes,
+            timeout_seconds=timeout_seconds if overlap and self._engine.size > 1 else None,
+        )
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[int, int] = {}
         self._counts: dict[int, int] = {}
