@@ -151,8 +151,10 @@ def is_foreign(x: Any) -> bool:
     """Whether ``x`` is an array of another framework that hpcdist converts at its boundary.
 
     True for PyTorch tensors, JAX arrays, TensorFlow tensors and variables,
-    and any other object with ``__dlpack__``, ``__array_interface__`` or
-    ``__cuda_array_interface__``; false for NumPy and CuPy arrays and plain values.
+    and any other object with ``__dlpack__`` or ``__array_interface__``; false
+    for NumPy and CuPy arrays, plain values, and other objects with
+    ``__cuda_array_interface__`` (Numba device arrays and the like), which the
+    engine's device path takes as they are (:mod:`hpcdist.runtime.device`).
 
     Example: ``is_foreign(np.ones(2))`` is ``False``; ``is_foreign(torch.ones(2))`` is ``True``.
     """
@@ -162,10 +164,9 @@ def is_foreign(x: Any) -> bool:
         return True
     if isinstance(x, (int, float, complex, str, bytes, list, tuple, dict)):
         return False
-    return any(
-        hasattr(x, name)
-        for name in ("__cuda_array_interface__", "__array_interface__", "__dlpack__")
-    )
+    if hasattr(x, "__cuda_array_interface__"):
+        return False  # a device array: the engine's device path takes it as it is
+    return hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__")
 
 
 def has_foreign(items: Any) -> bool:
@@ -202,10 +203,6 @@ def import_array(x: Any) -> Any:
         return _from_tensorflow(x)
     if not is_foreign(x):
         return x
-    if hasattr(x, "__cuda_array_interface__"):
-        import cupy
-
-        return cupy.asarray(x)
     if hasattr(x, "__array_interface__"):
         return np.asarray(x)
     device_type = x.__dlpack_device__()[0] if hasattr(x, "__dlpack_device__") else 1

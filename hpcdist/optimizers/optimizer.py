@@ -496,7 +496,10 @@ class Optimizer:
         Example: ``optimizer.apply_gradients(zip(grads, model.trainable_variables))``.
         """
         # torch/jax/tf gradients: NumPy/CuPy views of their memory (hpcdist.arrays)
-        grads_and_vars = [(import_array(g), v) for g, v in grads_and_vars]
+        grads_and_vars = [
+            (import_array(p[0]), p[1]) if isinstance(p, tuple) and len(p) == 2 else p
+            for p in grads_and_vars
+        ]
         if remote.targets_ps(grads_and_vars):  # the ps runs the update (ParameterServerStrategy)
             return remote.apply_gradients(self, grads_and_vars)
         grads, variables, every = self._filter(grads_and_vars)
