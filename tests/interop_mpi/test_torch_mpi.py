@@ -151,3 +151,33 @@ def test_mismatched_shapes_across_ranks_raise_on_every_rank() -> None:
     with pytest.raises(CollectiveMismatchError):
         hdt.allreduce(torch.ones(3 + w.rank), "SUM")
     assert hdt.allreduce(torch.ones(2), "SUM").tolist() == [float(w.size)] * 2
+
+
+def test_strategy_api_takes_tensors_across_ranks() -> None:
+    import hpcdist as hd
+
+    w = world()
+    s = hd.MultiWorkerMirroredStrategy()
+    x = torch.full((2,), float(w.rank + 1))
+    total = s.reduce("SUM", x, axis=None)
+    expected = float(sum(range(1, w.size + 1)))
+    assert isinstance(total, torch.Tensor) and total.tolist() == [expected] * 2
+
+    def fn():
+        ctx = hd.get_replica_context()
+        return ctx.all_reduce("MEAN", {"x": x}), ctx.all_gather(x[:1], axis=0)
+
+    mean, gathered = s.run(fn)
+    assert isinstance(mean["x"], torch.Tensor) and mean["x"].tolist() == [expected / w.size] * 2
+    assert gathered.tolist() == [float(r + 1) for r in range(w.size)]
+    model = _model()
+    opt = hdt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), strategy=s)
+    x, y = _data(0)
+    xs, ys = _shard(x, w.rank, w.size), _shard(y, w.rank, w.size)
+    torch.nn.functional.mse_loss(model(xs), ys).backward()
+    opt.step()
+    reference = _model()
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(p, q, rtol=0, atol=1e-9)
