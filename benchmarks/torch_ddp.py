@@ -16,7 +16,7 @@ share of communication hidden behind backward is
 ``comm`` one blocking allreduce of all gradients, ``step`` the distributed
 step. Targets: hpcdist >= 1.0x DDP gloo on the CNN, >= 1.2x on the MLP.
 
-Run: ``mpirun -n 2 python benchmarks/torch_ddp.py [--rounds 5] [--steps 10]``;
+Run: ``mpirun -n 2 python benchmarks/torch_ddp.py [--rounds 30] [--steps 2]``;
 results in ``benchmarks/results/torch_ddp.json`` and ``.png``.
 """
 
@@ -88,9 +88,7 @@ MODELS = {
 }
 
 
-def _timed(step: Any, steps: int, warmup: int, barrier: Any) -> float:
-    for _ in range(warmup):
-        step()
+def _timed(step: Any, steps: int, barrier: Any) -> float:
     barrier()
     start = time.perf_counter()
     for _ in range(steps):
@@ -145,9 +143,12 @@ def measure(name: str, args: argparse.Namespace, backends: list[str]) -> dict[st
 
     barrier = w.comm.Barrier
     times: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(args.rounds):
+    for step in steps.values():  # warm up every variant once
+        for _ in range(args.warmup):
+            step()
+    for _ in range(args.rounds):  # short rounds, so every variant sees the same load
         for key, step in steps.items():
-            times[key].append(_timed(step, args.steps, args.warmup, barrier))
+            times[key].append(_timed(step, args.steps, barrier))
     med = {k: float(np.median(v)) for k, v in times.items()}
     best = {k: float(min(v)) for k, v in times.items()}
     compute, comm, step_s = med["compute_only"], med["allreduce_only"], med["hpcdist"]
@@ -174,8 +175,8 @@ def measure(name: str, args: argparse.Namespace, backends: list[str]) -> dict[st
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--bucket-bytes", type=int, default=None)
     p.add_argument("--models", default="resnet,mlp")
