@@ -57,17 +57,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hpcdist.arrays import (
-    asarray,
-    call_with_native,
-    device_of,
-    export_like,
-    has_foreign,
-    import_array,
-    is_array,
-    to_device,
-    to_host,
-)
+from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's type out
+from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
 from hpcdist.collectives import choice
 from hpcdist.collectives.arrivals import ArrivalBoard, Watch
 from hpcdist.collectives.device_path import DevicePath, has_device_arrays
@@ -336,8 +327,8 @@ class Collectives:
 
         Example: ``c.allreduce([grad_w, grad_b], "MEAN")`` gives the averaged gradients.
         """
-        if has_foreign(tensors) or (out is not None and has_foreign(out)):  # torch, jax, tf
-            return call_with_native(
+        if interop.has_foreign(tensors) or (out is not None and interop.has_foreign(out)):
+            return interop.call_with_native(
                 lambda t, o: self.allreduce(t, op, options, out=o), tensors, out, "allreduce"
             )
         op = _OPS.get(op, op) if op.__class__ is str else op
@@ -395,8 +386,9 @@ class Collectives:
         Example: on 2 ranks, ``c.reduce_scatter(np.ones(5), "SUM")`` gives
         ``[2., 2., 2.]`` on rank 0 and ``[2., 2.]`` on rank 1.
         """
-        if has_foreign(tensor):  # torch, jax, tf: NumPy/CuPy views in, the caller's type out
-            return export_like(tensor, self.reduce_scatter(import_array(tensor), op, options))
+        if interop.has_foreign(tensor):  # torch, jax, tf: NumPy/CuPy views in, the type out
+            x = interop.import_array(tensor)
+            return interop.export_like(tensor, self.reduce_scatter(x, op, options))
         op = _OPS.get(op, op) if op.__class__ is str else op
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
@@ -444,8 +436,9 @@ class Collectives:
         Example: with rank ``r`` passing ``np.full((r + 1, 2), r)`` on 2 ranks,
         ``c.allgather(x)`` has shape ``(3, 2)``.
         """
-        if has_foreign(tensor):  # torch, jax, tf: NumPy/CuPy views in, the caller's type out
-            return export_like(tensor, self.allgather(import_array(tensor), axis, options))
+        if interop.has_foreign(tensor):  # torch, jax, tf: NumPy/CuPy views in, the type out
+            x = interop.import_array(tensor)
+            return interop.export_like(tensor, self.allgather(x, axis, options))
         opts = self._merged(options)
         if has_device_arrays([tensor]):
             if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
@@ -489,8 +482,8 @@ class Collectives:
 
         Example: ``weights = c.broadcast(weights, root=0)`` after rank 0 loaded them.
         """
-        if has_foreign(tensors):  # torch, jax, tf: NumPy/CuPy views in, the caller's type out
-            return call_with_native(
+        if interop.has_foreign(tensors):  # torch, jax, tf: NumPy/CuPy views in, the type out
+            return interop.call_with_native(
                 lambda t, _: self.broadcast(t, root, options), tensors, None, "broadcast"
             )
         opts = self._merged(options)
