@@ -31,7 +31,8 @@ export HPCDIST_TEST_SUMMARY ?= $(CURDIR)/build/test-summary.jsonl
 
 MPI_PYTEST := $(PY) -m pytest -q --no-header --color=no -p no:cacheprovider --with-mpi tests/mpi
 
-.PHONY: help install demo test summary-reset lint unit mpi-test faults docs slurm-test multihost-test gpu-test bench gpu-bench clean
+.PHONY: help install demo test summary-reset lint unit mpi-test faults docs slurm-test \
+	multihost-test interop-test gpu-test bench gpu-bench clean
 
 help:
 	@echo "make demo   - install (first time) and run the main job (digits, 2 ranks)"
@@ -41,6 +42,7 @@ help:
 	@echo "make slurm-test - start a local SLURM (as root) and run tests/slurm"
 	@echo "make multihost-test - (root) run tests/multihost across network-namespace hosts"
 	@echo "make gpu-test   - run tests/gpu (each test says why it skips without a GPU)"
+	@echo "make interop-test - install PyTorch, JAX, TensorFlow (CPU) and run their adapter tests"
 	@echo "make gpu-bench  - run the GPU benchmarks (needs a GPU), results in benchmarks/results/"
 
 $(VENV)/.installed: pyproject.toml
@@ -92,10 +94,21 @@ multihost-test: install
 gpu-test: install
 	timeout -k 20 1200 $(PY) -m pytest -q -rs -p no:cacheprovider tests/gpu
 
+# PyTorch, JAX and TensorFlow (CPU builds) and the tests of hpcdist.torch/.jax/.tensorflow:
+# one-process tests (zero-copy, bad input, the examples under mpirun -n 2), then N-rank runs.
+$(VENV)/.frameworks: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[torch,jax,tensorflow]"
+	@touch $@
+
+interop-test: $(VENV)/.frameworks
+	timeout -k 20 1200 $(PY) -m pytest -q -p no:cacheprovider tests/interop
+	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 2 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
+	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
+
 summary-reset:
 	@mkdir -p $(dir $(HPCDIST_TEST_SUMMARY)) && : > $(HPCDIST_TEST_SUMMARY)
 
-test: summary-reset lint unit mpi-test faults docs slurm-test multihost-test gpu-test
+test: summary-reset lint unit mpi-test faults docs slurm-test multihost-test interop-test gpu-test
 	@echo "make test: all passed"
 	@$(PYTHON) tools/test_summary.py $(HPCDIST_TEST_SUMMARY)
 

@@ -117,3 +117,253 @@ def as_result(x: Any) -> Any:
     if isinstance(x, np.ndarray) and x.ndim == 0:
         return x[()]
     return x
+
+
+# -- arrays of other frameworks ------------------------------------------------------
+#
+# PyTorch tensors, JAX arrays, TensorFlow tensors and any object speaking DLPack,
+# ``__array_interface__`` or ``__cuda_array_interface__`` enter hpcdist here:
+# :func:`import_array` gives a NumPy (CPU) or CuPy (GPU) view of the same memory,
+# :func:`export_like` turns a result back into the caller's type on the caller's
+# device. The frameworks are never imported by hpcdist: an object of theirs
+# exists only once the user imported them, so the lookups below are free.
+
+_FRAMEWORKS = ("torch", "jax", "jaxlib", "tensorflow")
+
+
+def _framework(x: Any) -> str:
+    """The framework ``x`` belongs to (``"torch"``, ``"jax"``, ``"tensorflow"``), else ``""``."""
+    root = type(x).__module__.split(".", 1)[0]
+    if root not in _FRAMEWORKS:
+        return ""
+    import sys
+
+    if root == "torch":
+        return "torch" if isinstance(x, sys.modules["torch"].Tensor) else ""
+    if root in ("jax", "jaxlib"):
+        jax = sys.modules.get("jax")
+        return "jax" if jax is not None and isinstance(x, jax.Array) else ""
+    tf = sys.modules["tensorflow"]
+    return "tensorflow" if tf.is_tensor(x) or isinstance(x, tf.Variable) else ""
+
+
+def is_foreign(x: Any) -> bool:
+    """Whether ``x`` is an array of another framework that hpcdist converts at its boundary.
+
+    True for PyTorch tensors, JAX arrays, TensorFlow tensors and variables,
+    and any other object with ``__dlpack__`` or ``__array_interface__``; false
+    for NumPy and CuPy arrays, plain values, and other objects with
+    ``__cuda_array_interface__`` (Numba device arrays and the like), which the
+    engine's device path takes as they are (:mod:`hpcdist.runtime.device`).
+
+    Example: ``is_foreign(np.ones(2))`` is ``False``; ``is_foreign(torch.ones(2))`` is ``True``.
+    """
+    if isinstance(x, (np.ndarray, np.generic)) or is_cupy(x) or x is None:
+        return False
+    if _framework(x):
+        return True
+    if isinstance(x, (int, float, complex, str, bytes, list, tuple, dict)):
+        return False
+    if hasattr(x, "__cuda_array_interface__"):
+        return False  # a device array: the engine's device path takes it as it is
+    return hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__")
+
+
+def has_foreign(items: Any) -> bool:
+    """Whether ``items`` (a list of arrays, or one array) holds an array of another framework.
+
+    Example: ``has_foreign([np.ones(1), torch.ones(1)])`` is ``True``.
+    """
+    if isinstance(items, (list, tuple)):
+        return any(is_foreign(x) for x in items)
+    return is_foreign(items)
+
+
+def _error(what: str, found: str, fix: str) -> Exception:
+    from hpcdist.errors import ArrayInteropError
+
+    return ArrayInteropError(f"hpcdist cannot take {what}: found {found}. {fix}")
+
+
+def import_array(x: Any) -> Any:
+    """A NumPy (CPU) or CuPy (GPU) view of ``x``'s memory; NumPy, CuPy and plain values as they are.
+
+    Raises :class:`~hpcdist.errors.ArrayInteropError` for a tensor that
+    requires grad, a non-contiguous view, bfloat16 and other dtypes the
+    engine lacks, or a GPU tensor on another GPU than the current one.
+
+    Example: ``import_array(torch.ones(3)).ctypes.data == t.data_ptr()`` (no copy).
+    """
+    kind = _framework(x)
+    if kind == "torch":
+        return _from_torch(x)
+    if kind == "jax":
+        return _from_jax(x)
+    if kind == "tensorflow":
+        return _from_tensorflow(x)
+    if not is_foreign(x):
+        return x
+    if hasattr(x, "__array_interface__"):
+        return np.asarray(x)
+    device_type = x.__dlpack_device__()[0] if hasattr(x, "__dlpack_device__") else 1
+    if device_type == 1:  # kDLCPU
+        return np.from_dlpack(x)
+    import cupy
+
+    return cupy.from_dlpack(x)
+
+
+def _from_torch(t: Any) -> Any:
+    import torch
+
+    if t.requires_grad:
+        raise _error(
+            "a tensor that requires grad",
+            f"a {tuple(t.shape)} tensor with requires_grad=True",
+            "Pass tensor.detach() (shares memory); to reduce gradients use "
+            "hpcdist.torch.DistributedOptimizer",
+        )
+    if t.layout is not torch.strided:
+        raise _error("a sparse tensor", f"layout {t.layout}", "Pass tensor.to_dense()")
+    if t.dtype is torch.bfloat16:
+        raise _error(
+            "bfloat16 (the engine has no bfloat16 reduction)",
+            "a torch.bfloat16 tensor",
+            "Convert it with tensor.float() (or .half()) and back with .bfloat16() after the call",
+        )
+    if not t.is_contiguous():
+        raise _error(
+            "a non-contiguous view",
+            f"shape {tuple(t.shape)} with strides {t.stride()}",
+            "Pass tensor.contiguous() (a copy) so results cannot land in the wrong elements",
+        )
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    if t.device.type == "cpu":
+        try:
+            return t.numpy()
+        except TypeError as err:
+            raise _error(f"dtype {t.dtype}", str(err), "Convert it to float32/float64") from None
+    if t.device.type == "cuda":
+        current = torch.cuda.current_device()
+        if t.device.index != current:
+            raise _error(
+                "a tensor on another GPU than this rank's",
+                f"{t.device}, while this rank's GPU is cuda:{current}",
+                f"Move it with tensor.to('cuda:{current}') or bind the rank to {t.device} "
+                "with torch.cuda.set_device",
+            )
+        import cupy
+
+        return cupy.from_dlpack(t)
+    raise _error(
+        f"a tensor on device {t.device}", str(t.device), "Move it to the CPU or a CUDA GPU"
+    )
+
+
+def _from_jax(a: Any) -> Any:
+    if str(a.dtype) == "bfloat16":
+        raise _error(
+            "bfloat16 (the engine has no bfloat16 reduction)",
+            "a bfloat16 JAX array",
+            "Convert it with a.astype(jnp.float32) and back after the call",
+        )
+    devices = a.devices()
+    if len(devices) != 1:
+        raise _error(
+            "a JAX array sharded over several devices",
+            f"{len(devices)} devices",
+            "Pass one shard (a.addressable_shards[i].data) or jax.device_get(a)",
+        )
+    platform = next(iter(devices)).platform
+    if platform == "cpu":
+        return np.from_dlpack(a)
+    if platform == "gpu":
+        import cupy
+
+        return cupy.from_dlpack(a)
+    raise _error(f"a JAX array on {platform}", platform, "Move it to the CPU or a CUDA GPU")
+
+
+def _from_tensorflow(t: Any) -> Any:
+    import tensorflow as tf
+
+    if isinstance(t, tf.Variable):
+        t = t.read_value()
+    if t.dtype == tf.bfloat16:
+        raise _error(
+            "bfloat16 (the engine has no bfloat16 reduction)",
+            "a tf.bfloat16 tensor",
+            "Convert it with tf.cast(t, tf.float32) and back after the call",
+        )
+    if "GPU" in t.device.upper():
+        import cupy
+
+        return cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(t))
+    return t.numpy()
+
+
+def export_like(like: Any, result: Any) -> Any:
+    """``result`` (NumPy or CuPy) as an array of ``like``'s type on ``like``'s device.
+
+    PyTorch tensors share ``result``'s memory (``torch.from_numpy`` on the
+    CPU, DLPack on a GPU); JAX and TensorFlow results are made through
+    DLPack where the framework takes the buffer as it is, else copied.
+    NumPy, CuPy and other ``like`` give ``result`` unchanged.
+
+    Example: ``export_like(torch.ones(2), np.zeros(2))`` is ``tensor([0., 0.])``.
+    """
+    kind = _framework(like)
+    if not kind:
+        return result
+    if isinstance(result, np.generic) or (isinstance(result, np.ndarray) and result.ndim == 0):
+        result = np.array(result)
+    if kind == "torch":
+        import torch
+
+        if is_cupy(result):
+            return torch.from_dlpack(result)
+        if not result.flags.c_contiguous:
+            result = result.copy()
+        out = torch.from_numpy(result)
+        return out if like.device.type == "cpu" else out.to(like.device)
+    if kind == "jax":
+        import jax
+
+        device = next(iter(like.devices()))
+        if is_cupy(result) or device.platform == "cpu":
+            try:
+                return jax.dlpack.from_dlpack(result)
+            except Exception:  # a layout JAX will not adopt: copy instead
+                pass
+        return jax.device_put(to_host(result), device)
+    import tensorflow as tf
+
+    if is_cupy(result):
+        return tf.experimental.dlpack.from_dlpack(result.toDlpack())
+    with tf.device(like.device or "/CPU:0"):
+        return tf.convert_to_tensor(result)
+
+
+def call_with_native(fn: Any, tensors: Any, out: Any = None, operation: str = "collective") -> Any:
+    """``fn(native_tensors, native_out)`` on NumPy/CuPy views, results as the inputs' types.
+
+    ``tensors`` is a list of arrays (any framework); ``out`` an optional list
+    to write into (views of it go to ``fn``, which writes in place; ``out``
+    itself is returned).
+
+    Example: ``call_with_native(lambda t, o: engine.allreduce(t, "SUM", out=o), [torch_grad])``.
+    """
+    if is_foreign(tensors):
+        raise TypeError(
+            f"{operation} takes a list of arrays; got {type(tensors).__name__}. "
+            f"Wrap a single array in a list: {operation}([x], ...)"
+        )
+    tensors = list(tensors)
+    native = [import_array(t) for t in tensors]
+    if out is not None:
+        out = list(out)
+        fn(native, [import_array(o) for o in out])
+        return out
+    results = fn(native, None)
+    return [export_like(t, r) for t, r in zip(tensors, results, strict=True)]

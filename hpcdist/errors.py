@@ -122,6 +122,19 @@ class CheckpointCorruptError(CheckpointError):
     """
 
 
+class ArrayInteropError(HpcdistError, TypeError):
+    """An array of another framework (PyTorch, JAX, TensorFlow) that hpcdist cannot take as it is.
+
+    Raised for a tensor that requires grad, a non-contiguous view, a dtype
+    the engine lacks (bfloat16) or a tensor on another GPU than the rank's;
+    the message says which and how to convert it.
+
+    Example:
+        >>> issubclass(ArrayInteropError, TypeError)
+        True
+    """
+
+
 class CollectiveStallWarning(RuntimeWarning):
     """A collective has waited longer than the stall threshold for some ranks.
 
@@ -138,6 +151,7 @@ __all__ = [
     "SlurmConfigError",
     "LauncherConfigError",
     "GPUBindingError",
+    "ArrayInteropError",
     "DuplicateTaskError",
     "LaunchError",
     "CollectiveTimeoutError",

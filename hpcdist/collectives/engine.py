@@ -71,6 +71,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's type out
 from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
 from hpcdist.collectives import choice
 from hpcdist.collectives.arrivals import ArrivalBoard, Watch
@@ -353,6 +354,10 @@ class Collectives:
 
         Example: ``c.allreduce([grad_w, grad_b], "MEAN")`` gives the averaged gradients.
         """
+        if interop.has_foreign(tensors) or (out is not None and interop.has_foreign(out)):
+            return interop.call_with_native(
+                lambda t, o: self.allreduce(t, op, options, out=o), tensors, out, "allreduce"
+            )
         op = _OPS.get(op, op) if op.__class__ is str else op
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
@@ -408,6 +413,9 @@ class Collectives:
         Example: on 2 ranks, ``c.reduce_scatter(np.ones(5), "SUM")`` gives
         ``[2., 2., 2.]`` on rank 0 and ``[2., 2.]`` on rank 1.
         """
+        if interop.has_foreign(tensor):  # torch, jax, tf: NumPy/CuPy views in, the type out
+            x = interop.import_array(tensor)
+            return interop.export_like(tensor, self.reduce_scatter(x, op, options))
         op = _OPS.get(op, op) if op.__class__ is str else op
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
@@ -455,6 +463,9 @@ class Collectives:
         Example: with rank ``r`` passing ``np.full((r + 1, 2), r)`` on 2 ranks,
         ``c.allgather(x)`` has shape ``(3, 2)``.
         """
+        if interop.has_foreign(tensor):  # torch, jax, tf: NumPy/CuPy views in, the type out
+            x = interop.import_array(tensor)
+            return interop.export_like(tensor, self.allgather(x, axis, options))
         opts = self._merged(options)
         if has_device_arrays([tensor]):
             if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
@@ -498,6 +509,10 @@ class Collectives:
 
         Example: ``weights = c.broadcast(weights, root=0)`` after rank 0 loaded them.
         """
+        if interop.has_foreign(tensors):  # torch, jax, tf: NumPy/CuPy views in, the type out
+            return interop.call_with_native(
+                lambda t, _: self.broadcast(t, root, options), tensors, None, "broadcast"
+            )
         opts = self._merged(options)
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
             raise TypeError(f"root is {root!r}; expected an int rank")

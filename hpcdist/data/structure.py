@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.arrays import array_module, is_cupy
+from hpcdist.arrays import array_module, import_array, is_cupy
 
 # --------------------------------------------------------------------------- element structures
 
@@ -71,9 +71,13 @@ def _normalize(x: Any) -> Any:
 
 
 def _to_arrays(x: Any) -> Any:
-    """Leaves as arrays (never copied): TF's conversion of nested inputs to tensors."""
+    """Leaves as arrays (never copied): TF's conversion of nested inputs to tensors.
+
+    Tensors of torch, JAX or TF become NumPy/CuPy views of their memory.
+    """
     return _map_structure(
-        lambda v: v if isinstance(v, np.ndarray) or is_cupy(v) else np.asarray(v), x
+        lambda v: v if isinstance(v, np.ndarray) or is_cupy(v) else np.asarray(import_array(v)),
+        x,
     )
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from hpcdist.arrays import as_result, asarray
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context, nest
+from hpcdist.distribute.values import import_values
 
 if TYPE_CHECKING:
     from hpcdist.distribute.strategy import Strategy
@@ -156,6 +157,7 @@ class ReplicaContext:
             fast = _fast_all_reduce(self, op, value, options)
             if fast is not None:
                 return fast
+        value, back = import_values(value)  # torch/jax/tf: NumPy/CuPy views, the type back out
         flat = [asarray(x) for x in nest.flatten(value)]
 
         def merge(strategy: Strategy, *leaves: Any) -> list[Any]:
@@ -163,7 +165,7 @@ class ReplicaContext:
 
         key = ("all_reduce", op.name, len(flat), [(x.shape, str(x.dtype)) for x in flat])
         reduced = self._merge(merge, flat, None, True, key)
-        return nest.pack_sequence_as(value, [as_result(x) for x in reduced])
+        return back(nest.pack_sequence_as(value, [as_result(x) for x in reduced]))
 
     def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
         """Concatenate ``value`` (nested arrays) of all replicas along ``axis``, in replica order.
@@ -173,6 +175,7 @@ class ReplicaContext:
 
         Example: ``ctx.all_gather(labels, axis=0)`` inside ``run``.
         """
+        value, back = import_values(value)  # torch/jax/tf: NumPy/CuPy views, the type back out
         flat = [asarray(x) for x in nest.flatten(value)]
 
         def merge(strategy: Strategy, *leaves: Any) -> list[Any]:
@@ -180,7 +183,7 @@ class ReplicaContext:
 
         key = ("all_gather", axis, len(flat), [(x.ndim, str(x.dtype)) for x in flat])
         gathered = self._merge(merge, flat, None, True, key)
-        return nest.pack_sequence_as(value, list(gathered))
+        return back(nest.pack_sequence_as(value, list(gathered)))
 
 
 def _fast_all_reduce(ctx: ReplicaContext, op: ReduceOp, value: Any, options: Any) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 from hpcdist.arrays import array_module, as_result, asarray
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
-from hpcdist.distribute.values import PerReplica, local_results
+from hpcdist.distribute.values import PerReplica, import_values, local_results
 
 
 def mixing_error(current: Any, called: Any) -> RuntimeError:
@@ -175,6 +175,10 @@ class Strategy:
         """
         require_cross_replica(self, "strategy.reduce")
         op = ReduceOp.from_any(reduce_op)
+        value, back = import_values(value)  # torch/jax/tf: NumPy/CuPy views, the type back out
+        return back(self._reduce(op, value, axis))
+
+    def _reduce(self, op: ReduceOp, value: Any, axis: int | None) -> Any:
         ext = self._extended
         if axis is None:
             return as_result(ext._reduce_to_host(op, value))
@@ -208,7 +212,8 @@ class Strategy:
         Example: ``strategy.gather(per_replica_predictions, axis=0)``.
         """
         require_cross_replica(self, "strategy.gather")
-        return self._extended._gather_to_host(value, axis)
+        value, back = import_values(value)  # torch/jax/tf: NumPy/CuPy views, the type back out
+        return back(self._extended._gather_to_host(value, axis))
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
         """This worker's components of ``value`` (``(value,)`` for a plain value).

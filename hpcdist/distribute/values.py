@@ -17,9 +17,10 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from hpcdist.arrays import export_like, import_array, is_foreign
 from hpcdist.distribute import nest
 
 
@@ -160,3 +161,44 @@ def local_results(value: Any) -> tuple[Any, ...]:
     if isinstance(value, DistributedVariable):
         return value.values
     return (value,)
+
+
+def import_values(value: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """``value`` with framework arrays (torch, JAX, TF) as NumPy/CuPy views, and the way back.
+
+    Leaves and the components of distributed values are converted by
+    :func:`hpcdist.arrays.import_array` (no copies); the returned function
+    turns a result of the same structure (a distributed value reduced to one
+    array) back into the types of ``value``'s leaves.
+
+    Example: ``native, back = import_values(torch_loss); back(strategy.reduce("SUM", native))``.
+    """
+    leaves = nest.flatten(value)
+    samples = [_sample(leaf) for leaf in leaves]
+    if not any(is_foreign(s) for s in samples):
+        return value, _same
+
+    def convert(x: Any) -> Any:
+        if isinstance(x, DistributedValues):
+            if not is_foreign(_sample(x)):
+                return x
+            out = type(x)([import_array(v) for v in x.values])
+            out._devices = x._devices
+            return out
+        return import_array(x)
+
+    converted = nest.pack_sequence_as(value, [convert(leaf) for leaf in leaves])
+
+    def back(result: Any) -> Any:
+        out = [export_like(s, r) for s, r in zip(samples, nest.flatten(result), strict=True)]
+        return nest.pack_sequence_as(result, out)
+
+    return converted, back
+
+
+def _sample(leaf: Any) -> Any:
+    return leaf.values[0] if isinstance(leaf, DistributedValues) and leaf.values else leaf
+
+
+def _same(x: Any) -> Any:
+    return x

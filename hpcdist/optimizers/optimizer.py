@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.arrays import array_module, asarray, device_of, to_device
+from hpcdist.arrays import array_module, asarray, device_of, import_array, to_device
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
 from hpcdist.distribute.aggregating import AggregatingVariable
@@ -499,7 +499,11 @@ class Optimizer:
 
         Example: ``optimizer.apply_gradients(zip(grads, model.trainable_variables))``.
         """
-        grads_and_vars = list(grads_and_vars)
+        # torch/jax/tf gradients: NumPy/CuPy views of their memory (hpcdist.arrays)
+        grads_and_vars = [
+            (import_array(p[0]), p[1]) if isinstance(p, tuple) and len(p) == 2 else p
+            for p in grads_and_vars
+        ]
         if remote.targets_ps(grads_and_vars):  # the ps runs the update (ParameterServerStrategy)
             return remote.apply_gradients(self, grads_and_vars)
         grads, variables, every = self._filter(grads_and_vars)
