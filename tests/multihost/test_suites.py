@@ -19,7 +19,11 @@ pytestmark = pytest.mark.timeout(900)
 LAYOUTS = {"2x2": TWO_BY_TWO, "3x1": THREE_BY_ONE}
 SUITES = {
     # The engine's property tests: every backend (hierarchical included) against NumPy.
-    "engine": ["tests/mpi/test_engine_properties.py", "tests/mpi/test_collectives.py"],
+    "engine": [
+        "tests/mpi/test_engine_properties.py",
+        "tests/mpi/test_collectives.py",
+        "tests/mpi/test_registry_mpi.py",
+    ],
     # The tf.distribute conformance checks (tests/conformance) on several workers.
     "conformance": ["tests/mpi/test_conformance.py"],
     # fit and custom loops on N ranks equal one process on the global batch.
