@@ -7,7 +7,7 @@ writes only its own record, when it enters and when it leaves a collective,
 into a shared-memory window of its host. A rank that has waited long reads
 its host peers' records directly and asks the other hosts for theirs with a
 point-to-point query, which any rank of that host waiting in a checked
-collective answers; within about one second in all. Passive-target RMA across
+collective answers; within about a quarter of a second in all. Passive-target RMA across
 hosts is not used: over TCP it needs the target's progress, and a lock on a
 rank that sleeps in its own code blocks the reader for ever. A host that does
 not answer has no rank waiting in a collective: its ranks are reported as not
@@ -49,7 +49,13 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 RECORD_BYTES = 256  # one rank's record: 4 int64 words, then the description
 HEADER_WORDS = 4  # seq, state, description length, unused
 TEXT_BYTES = RECORD_BYTES - 8 * HEADER_WORDS
-READ_BUDGET_S = 1.0  # longest a read of the whole board may take
+# Longest a read waits for the other hosts' answers: a waiting rank answers at its next
+# tick (at most 10 ms apart), so a host silent this long has no rank in a collective.
+READ_BUDGET_S = 0.15
+# After its own answers, a reader goes on answering other hosts' queries this long: the
+# ranks waiting with it time out together and ask at the same moment, and a rank that
+# leaves the collective (to raise its error) stops answering.
+ANSWER_GRACE_S = 0.1
 NONE, INSIDE, LEFT = 0, 1, 2  # record states
 SHOWN = 160  # characters of a description in a report
 
@@ -205,7 +211,8 @@ class ArrivalBoard:
 
         Records of this host are read directly; other hosts are asked
         together and their answers awaited with short sleeps, serving their
-        queries meanwhile, for at most ``budget`` seconds.
+        queries meanwhile, for at most ``budget`` seconds, then their queries
+        are served for :data:`ANSWER_GRACE_S` more (with several hosts only).
         Example: ``[e.seq if e else None for e in board.read()]``.
         """
         MPI, msg, status = self._MPI, self._msg, self._status
@@ -240,6 +247,11 @@ class ArrivalBoard:
                 break
             time.sleep(min(delay, left))
             delay = min(2 * delay, 10e-3)
+        if len(self._hosts) > 1:
+            linger = time.monotonic() + ANSWER_GRACE_S
+            while time.monotonic() < linger:
+                self.serve()
+                time.sleep(1e-3)
         return out
 
     def free(self) -> None:
@@ -385,7 +397,7 @@ class Watch:
         return time.monotonic() > self.deadline
 
     def report(self) -> str:
-        """Where the other ranks are, read from the board (at most about 1 s).
+        """Where the other ranks are, read from the board (at most about a quarter of a second).
 
         Example: ``"rank 1 has not arrived (...)"``.
         """
