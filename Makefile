@@ -56,8 +56,12 @@ install: $(VENV)/.installed
 demo: install
 	$(MPIRUN) -n 2 $(PY) examples/train_digits.py --min-accuracy 0.95
 
+# Style (ruff), the layer contracts (import-linter, [tool.importlinter] in pyproject.toml) and
+# types (mypy, [tool.mypy]); each fails the build.
 lint: install
 	$(VENV)/bin/ruff check hpcdist tests benchmarks examples
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules hpcdist tests/unit tests/conformance
