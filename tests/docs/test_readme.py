@@ -44,12 +44,12 @@ def quickstart() -> tuple[Block, str]:
     return code, output.code
 
 
-def test_the_readme_has_at_most_150_lines():
+def test_the_readme_has_at_most_150_lines() -> None:
     lines = len(_text().splitlines())
     assert lines <= MAX_LINES, f"README.md has {lines} lines; move detail into docs/"
 
 
-def test_the_readme_links_only_to_files_of_the_repository():
+def test_the_readme_links_only_to_files_of_the_repository() -> None:
     links = [link for link in _LINK.findall(_text()) if "://" not in link]
     assert len(links) >= 15, links  # the table of docs pages and the feature lines
     for link in links:
@@ -58,7 +58,7 @@ def test_the_readme_links_only_to_files_of_the_repository():
         assert (ROOT / path).is_file(), f"README.md links to {link}, which does not exist"
 
 
-def test_the_quickstart_is_short_and_uses_multiworkermirrored_fit():
+def test_the_quickstart_is_short_and_uses_multiworkermirrored_fit() -> None:
     code, expected = quickstart()
     lines = code.code.strip().splitlines()
     assert 15 <= len(lines) <= 25, len(lines)
@@ -67,7 +67,7 @@ def test_the_quickstart_is_short_and_uses_multiworkermirrored_fit():
 
 
 @pytest.mark.timeout(360)
-def test_the_quickstart_runs_as_written_under_mpirun_n_2(tmp_path: Path):
+def test_the_quickstart_runs_as_written_under_mpirun_n_2(tmp_path: Path) -> None:
     code, expected = quickstart()
     script = tmp_path / "quickstart.py"
     script.write_text(code.code, encoding="utf-8")
