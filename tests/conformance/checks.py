@@ -309,7 +309,7 @@ def check_initial_values_from_worker_zero(strategy):
 
 
 def check_seed_usage(strategy):
-    """The README's first example: a variable, run, and reduce."""
+    """The example of docs/strategies/index.md (once the README's): a variable, run, reduce."""
     with strategy.scope():
         x = hd.Variable(1.0)
 
