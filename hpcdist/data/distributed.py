@@ -115,14 +115,10 @@ from hpcdist.data.rebatch import (
 )
 from hpcdist.data.small_batch import warn_if_batch_below_replicas
 from hpcdist.distribute import nest
-from hpcdist.errors import CheckpointError, HpcdistError
+from hpcdist.errors import CheckpointError, DistributedInputError
 
 _MISSING = object()  # a replica's slot in a step for which its pipeline had no data
 _END = object()  # the producer's last item: the local pipeline is exhausted
-
-
-class DistributedInputError(HpcdistError, RuntimeError):
-    """The distributed input failed on some worker (raised on every worker, so none hangs)."""
 
 
 # -- argument checks ---------------------------------------------------------------------
