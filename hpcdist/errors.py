@@ -1,8 +1,12 @@
 """Typed errors of hpcdist.
 
-Every error says what was expected, what was found and what to do. The
-configuration errors also derive from ``ValueError`` so that code written for
-``tf.distribute`` (which raises ``ValueError``) keeps catching them.
+Every error says what was expected, what was found and what to do. Every
+error class of hpcdist is defined here and derives from :class:`HpcdistError`
+and from the built-in exception it stands for, so that code written for
+``tf.distribute`` keeps catching it (a configuration error is a ``ValueError``,
+as TF raises). The modules that raise an error re-export it, and the API
+reference's *Errors* table lists each one with its built-in base and when it
+is raised.
 
 Example:
     >>> from hpcdist.errors import ClusterConfigError
