@@ -1,8 +1,12 @@
 """Typed errors of hpcdist.
 
-Every error says what was expected, what was found and what to do. The
-configuration errors also derive from ``ValueError`` so that code written for
-``tf.distribute`` (which raises ``ValueError``) keeps catching them.
+Every error says what was expected, what was found and what to do. Every
+error class of hpcdist is defined here and derives from :class:`HpcdistError`
+and from the built-in exception it stands for, so that code written for
+``tf.distribute`` keeps catching it (a configuration error is a ``ValueError``,
+as TF raises). The modules that raise an error re-export it, and the API
+reference's *Errors* table lists each one with its built-in base and when it
+is raised.
 
 Example:
     >>> from hpcdist.errors import ClusterConfigError
@@ -14,6 +18,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class HpcdistError(Exception):
@@ -74,7 +80,7 @@ class CollectiveTimeoutError(HpcdistError, TimeoutError):
         (True, None)
     """
 
-    request = None  # the pending operation (has Wait() and Test()), set by the engine
+    request: Any = None  # the pending operation (has Wait() and Test()), set by the engine
 
 
 class CollectiveMismatchError(HpcdistError, ValueError):
@@ -138,10 +144,16 @@ class ArrayInteropError(HpcdistError, TypeError):
 class CollectiveStallWarning(RuntimeWarning):
     """A collective has waited longer than the stall threshold for some ranks.
 
+    Raised as an error only under ``-W error``; then ``request``, as on
+    :class:`CollectiveTimeoutError`, is the still pending operation.
+
     Example:
         >>> issubclass(CollectiveStallWarning, RuntimeWarning)
         True
     """
+
+    request: Any = None  # the pending operation (has Wait() and Test()), set by the engine
+    at: Any = None  # where a node barrier stalled (sequence, digest), set by the SHM backend
 
 
 __all__ = [
@@ -160,4 +172,141 @@ __all__ = [
     "CheckpointError",
     "CheckpointCorruptError",
     "CollectiveStallWarning",
+]
+
+
+# -- errors first defined next to the code that raises them (issue 23); the old modules
+# -- re-export them, so their old import paths keep working.
+
+
+class DeviceArrayError(HpcdistError, TypeError):
+    """A device array hpcdist cannot work with (unknown type, strided, mixed devices).
+
+    Raised by the device-array helpers of :mod:`hpcdist.runtime.device` and the
+    cross-device ops when a GPU value is not a C-contiguous ``__cuda_array_interface__``
+    array on one device; also importable from :mod:`hpcdist.runtime.device`.
+
+    Example:
+        >>> issubclass(DeviceArrayError, TypeError)
+        True
+    """
+
+
+class NcclUnavailableError(HpcdistError, RuntimeError):
+    """NCCL cannot be used here (no CuPy, CuPy without NCCL, no GPU); the message says why.
+
+    Raised where an NCCL communicator is built and NCCL cannot run
+    (``NcclComm.create``, ``nccl_provider``); ``CommunicationImplementation.AUTO``
+    checks first and falls back to MPI. Also importable from
+    :mod:`hpcdist.collectives.nccl`.
+
+    Example:
+        >>> issubclass(NcclUnavailableError, RuntimeError)
+        True
+    """
+
+
+class NcclCallError(HpcdistError, RuntimeError):
+    """An NCCL call failed; the message names the operation, dtype, count and rank.
+
+    The provider's own error (``cupy.cuda.nccl.NcclError``, ...) is the
+    ``__cause__``. Also importable from :mod:`hpcdist.collectives.nccl`.
+
+    Example:
+        >>> issubclass(NcclCallError, RuntimeError)
+        True
+    """
+
+
+class DistributedInputError(HpcdistError, RuntimeError):
+    """The distributed input failed on some worker (raised on every worker, so none hangs).
+
+    Raised by iterating a distributed dataset (``experimental_distribute_dataset``,
+    ``distribute_datasets_from_function``) when a worker's input pipeline
+    raised; the message names the worker and its error. Also importable from
+    :mod:`hpcdist.data.distributed`.
+
+    Example:
+        >>> issubclass(DistributedInputError, RuntimeError)
+        True
+    """
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No checkpoint at this prefix (its ``.index.json`` manifest does not exist).
+
+    Raised by ``Checkpoint.read``/``restore`` and ``hd.nn`` model loading;
+    TF raises ``tf.errors.NotFoundError`` there. Also importable from
+    :mod:`hpcdist.checkpoint` and :mod:`hpcdist.checkpoint.format`.
+
+    Example:
+        >>> issubclass(CheckpointNotFoundError, FileNotFoundError)
+        True
+    """
+
+
+class CheckpointMatchError(CheckpointError, AssertionError):
+    """A ``CheckpointLoadStatus`` assertion failed (an ``AssertionError`` as in TF).
+
+    Raised by ``assert_consumed``, ``assert_existing_objects_matched`` and
+    ``assert_nontrivial_match`` of the status a restore returns. Also importable
+    from :mod:`hpcdist.checkpoint` and :mod:`hpcdist.checkpoint.status`.
+
+    Example:
+        >>> issubclass(CheckpointMatchError, AssertionError)
+        True
+    """
+
+
+class InvalidDeviceError(HpcdistError, ValueError):
+    """A device string or list of devices is malformed, unsupported, or not usable here.
+
+    Raised by the strategy constructors that take devices (``MirroredStrategy``,
+    ``MultiWorkerMirroredStrategy``, ``ParameterServerStrategy``) and device parsing;
+    a ``ValueError`` as TF raises.
+    Also importable from :mod:`hpcdist.distribute.devices`.
+
+    Example:
+        >>> issubclass(InvalidDeviceError, ValueError)
+        True
+    """
+
+
+class TooFewGPUsError(GPUBindingError):
+    """A host has fewer GPUs than an explicit ``gpus_per_task`` needs for its ranks.
+
+    A :class:`GPUBindingError` (so a ``ValueError``); the message says how many
+    ranks share how many GPUs and what to pass or ask the scheduler for instead.
+    Raised by :func:`hpcdist.cluster.gpus.bind_among_peers` and the GPU binding.
+
+    Example:
+        >>> issubclass(TooFewGPUsError, GPUBindingError)
+        True
+    """
+
+
+class BenchmarkError(HpcdistError, RuntimeError):
+    """A benchmark cannot run as asked, or a result it would time is wrong.
+
+    Raised on every rank by ``hpcdist bench`` (and :mod:`hpcdist.bench`) for
+    bad arguments, too few ranks, or results that differ between
+    implementations, so no number is written for a wrong result. Also
+    importable from :mod:`hpcdist.bench.allreduce`.
+
+    Example:
+        >>> issubclass(BenchmarkError, RuntimeError)
+        True
+    """
+
+
+__all__ += [
+    "DeviceArrayError",
+    "NcclUnavailableError",
+    "NcclCallError",
+    "DistributedInputError",
+    "CheckpointNotFoundError",
+    "CheckpointMatchError",
+    "InvalidDeviceError",
+    "TooFewGPUsError",
+    "BenchmarkError",
 ]

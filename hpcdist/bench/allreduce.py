@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.bench.report import save_line_plot, save_report
-from hpcdist.errors import HpcdistError
+from hpcdist.errors import BenchmarkError
 
 RAW = "mpi4py"
 GLOO = "gloo"
@@ -93,10 +93,6 @@ _UNITS = {
     "GB": 1 << 30,
     "GIB": 1 << 30,
 }
-
-
-class BenchmarkError(HpcdistError):
-    """The benchmark cannot run as asked, or a result it would time is wrong."""
 
 
 def series_name(implementation: str) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.errors import CheckpointCorruptError, CheckpointError
+from hpcdist.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 from hpcdist.runtime.atomic import atomic_write, atomic_write_hashed, fsync_directory, sha256_of
 
 FORMAT = "hpcdist-checkpoint"
@@ -55,15 +55,6 @@ __all__ = [
     "verify_files",
     "write_checkpoint",
 ]
-
-
-class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
-    """No checkpoint at this prefix (its ``.index.json`` manifest does not exist).
-
-    Example:
-        >>> issubclass(CheckpointNotFoundError, FileNotFoundError)
-        True
-    """
 
 
 def data_file(prefix: str) -> str:

@@ -14,10 +14,9 @@ the step, the workers agree whether any of them was signalled: one
 ``Allreduce`` (MAX) of one int64 over a *duplicate* of the strategy's
 communicator (a ``Dup``, so the agreement never mixes with the collectives
 engine's messages and checks). Its cost is that of one 8-byte
-``MPI_Allreduce`` plus a few microseconds of Python: on a shared 2-core VM,
-5-11 us per call on a one-rank communicator (a raw ``Allreduce``: 5-6 us); under
-``mpirun -n 2`` with the VM loaded by other jobs, 210-490 us per call, in the
-range of a raw 8-byte ``Allreduce`` there (80-340 us). If any worker was
+``MPI_Allreduce`` plus a little Python (the *All-reduce* section of
+``docs/performance.md`` has raw MPI's 4-byte latency), small next to a
+training step. If any worker was
 signalled, every worker saves the same checkpoint (the manager's
 ``checkpoint_number`` is :attr:`~PreemptionCheckpointHandler.total_run_calls`,
 the number of steps done) and then calls ``exit_fn``, which by default exits

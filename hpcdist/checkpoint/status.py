@@ -13,18 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpcdist.errors import CheckpointError
+from hpcdist.errors import CheckpointMatchError
 
 __all__ = ["CheckpointLoadStatus", "CheckpointMatchError"]
-
-
-class CheckpointMatchError(CheckpointError, AssertionError):
-    """A ``CheckpointLoadStatus`` assertion failed (an ``AssertionError`` as in TF).
-
-    Example:
-        >>> issubclass(CheckpointMatchError, AssertionError)
-        True
-    """
 
 
 class CheckpointLoadStatus:

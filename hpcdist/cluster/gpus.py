@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from hpcdist.cluster.envparse import MAX_DIGITS, check_int_arg, environ_or_default, short
 from hpcdist.cluster.launchers import SrunLauncher, find_launcher
-from hpcdist.errors import GPUBindingError
+from hpcdist.errors import GPUBindingError, TooFewGPUsError
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: The most GPUs accepted for one host (``num_gpus``) or one rank (``gpus_per_task``).
@@ -189,10 +189,6 @@ def apply_binding(binding: GPUBinding, environ: MutableMapping[str, str] | None 
     environ[BOUND_MARK] = value
 
 
-class _TooFewGPUs(GPUBindingError):
-    """Fewer GPUs than an explicit ``gpus_per_task`` needs (a :class:`GPUBindingError`)."""
-
-
 def _int_arg(name: str, value: object, minimum: int, maximum: int) -> int:
     value = check_int_arg(name, value, minimum, GPUBindingError)
     if value > maximum:
@@ -215,9 +211,9 @@ def _rank_list(index: int, entries: object) -> tuple[str, ...] | None:
     return tuple(entries)  # type: ignore[arg-type]
 
 
-def _too_few(members: int, n: int, g: int, where: str) -> _TooFewGPUs:
+def _too_few(members: int, n: int, g: int, where: str) -> TooFewGPUsError:
     if members == 1:
-        return _TooFewGPUs(
+        return TooFewGPUsError(
             f"gpus_per_task={g}, but this rank sees only {n} GPU(s) ({where}); pass "
             f"gpus_per_task={n} (or None to use what it sees), or ask the scheduler for {g} "
             f"GPUs per task (e.g. srun --gpus-per-task={g})"
@@ -231,7 +227,7 @@ def _too_few(members: int, n: int, g: int, where: str) -> _TooFewGPUs:
         else "pass gpus_per_task=None to let them share",
         f"let the scheduler give each rank its own GPUs (e.g. srun --gpus-per-task={g})",
     ]
-    return _TooFewGPUs(
+    return TooFewGPUsError(
         f"{members} ranks on this host see the same {n} GPU(s) ({where}) and need "
         f"{members * g} for gpus_per_task={g}; {', '.join(fixes[:2])}, or {fixes[2]}"
     )
@@ -432,7 +428,7 @@ def bind_gpus(
         return bind_among_peers([own], 0, gpus_per_task, num_gpus)
     try:
         return bind_among_peers([own] * local_size, local_rank, gpus_per_task, num_gpus)
-    except _TooFewGPUs as e:
+    except TooFewGPUsError as e:
         if own is None:
             raise
         raise GPUBindingError(

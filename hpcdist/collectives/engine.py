@@ -98,8 +98,8 @@ from hpcdist.collectives.options import _Default as _DefaultTimeout
 from hpcdist.collectives.registry import Where, generation, pick
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
 from hpcdist.collectives.shm_backend import (
-    Mismatch,
     NodePlan,
+    _Mismatch,
     check_plan,
     reduce_scatter_plan,
     run_node_plan,
@@ -770,7 +770,7 @@ class Collectives:
             plan, watch = self._finishing(plan), sig.watch
         try:
             return run_node_plan(window, plan, opts.timeout_seconds, what or _clip(text), watch)
-        except Mismatch:
+        except _Mismatch:
             pass  # reported below, outside the handler, so the error is not chained to it
         except (CollectiveTimeoutError, CollectiveStallWarning) as err:
             self._pending = err.request

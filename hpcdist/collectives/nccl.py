@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.collectives.ops import ReduceOp
-from hpcdist.errors import HpcdistError
+from hpcdist.errors import NcclCallError, NcclUnavailableError
 from hpcdist.runtime.device import (
     DeviceArrayError,
     is_c_contiguous,
@@ -67,17 +67,6 @@ CREATING_OVER: contextvars.ContextVar[Any] = contextvars.ContextVar(
 
 _injected: Any | None = None
 _real: tuple[Any | None, str] | None = None  # (cupy.cuda.nccl or None, why not), found once
-
-
-class NcclUnavailableError(HpcdistError, RuntimeError):
-    """NCCL cannot be used here (no CuPy, CuPy without NCCL, no GPU); the message says why."""
-
-
-class NcclCallError(HpcdistError, RuntimeError):
-    """An NCCL call failed; the message names the operation, dtype, count and rank.
-
-    The provider's own error (``cupy.cuda.nccl.NcclError``, ...) is the ``__cause__``.
-    """
 
 
 def _unavailable(reason: str) -> NcclUnavailableError:

@@ -35,11 +35,10 @@ the caller (never any MPI in it) when something waits outside the GIL, so
 that the pipeline's work fills the wait:
 
 * several workers: the caller waits in the end-of-data all-reduce every step
-  (mpi4py releases the GIL in MPI calls). Under ``mpirun -n 2`` with
-  ``benchmarks/input_pipeline.py``'s pipeline, on a 2-vCPU VM loaded by other
-  jobs, a step took 500-3,000 microseconds with the thread and 1,100-4,400
-  without it (with the thread it was 1.9-5.3 times faster in 13 of 15 runs,
-  as fast in one and 1.6 times slower in one);
+  (mpi4py releases the GIL in MPI calls), and the thread reads the next step
+  meanwhile; with ``benchmarks/input_pipeline.py`` under ``mpirun -n 2`` the
+  step read ahead is the faster one (the *Input pipeline* section of
+  ``docs/performance.md`` has both step times);
 * a stage that waits: a file reader (``read_npy``, ``read_npz``,
   ``read_hdf5``), a ``map`` with ``num_parallel_calls`` (a thread pool), a
   ``from_generator`` source, a ``dataset_fn`` result that is neither a
@@ -58,9 +57,9 @@ Otherwise (one worker, arrays in memory: ``from_tensor_slices``, ``range``,
 ``shuffle``, ``batch``, a plain ``map`` or ``filter``...) each step is read in
 the caller's thread when it is asked for. Its work is short and mostly holds
 the GIL, so a thread has little to overlap, while handing a step from one
-thread to another costs about 200 microseconds on a 2-vCPU VM: with the
-thread, ``benchmarks/input_pipeline.py``'s distributed pipeline ran at
-55-75 % of the speed of the same pipeline iterated directly. (Add
+thread to another costs a thread switch, more than such a step's own work: the
+thread made ``benchmarks/input_pipeline.py``'s one-worker distributed pipeline
+slower than the same pipeline iterated directly. (Add
 ``.prefetch(n)`` to a dataset to give it a thread of its own anyway, e.g.
 after a plain ``map`` that reads files.) ``n = 0`` never starts a thread. The
 thread fills a buffer of ``n + 1`` steps; when the caller has used up the
@@ -70,10 +69,10 @@ steps), so at most ``2 * (n + 1)`` steps are read ahead.
 
 *Cost.* One ``Collectives.allreduce`` of 16 bytes per step with several
 workers (the engine sends it as two tiny MPI all-reduces: its metadata check
-and the data). Measured under ``mpirun -n 2`` on one 2-core node:
-``get_next`` takes about 80-100 microseconds more per step than with one
-worker; almost all of it is the engine's per-call overhead (a raw
-``Comm.Allreduce`` of the same 16 bytes takes about 3 microseconds).
+and the data), so a step costs more than with one worker by about one small
+engine all-reduce: mostly the engine's per-call overhead, not the 16 bytes
+(``docs/performance.md``: *All-reduce* has the engine's and raw MPI's 4-byte
+latency, *Input pipeline* the step times).
 
 Example:
     >>> import numpy as np
@@ -115,14 +114,10 @@ from hpcdist.data.rebatch import (
 )
 from hpcdist.data.small_batch import warn_if_batch_below_replicas
 from hpcdist.distribute import nest
-from hpcdist.errors import CheckpointError, HpcdistError
+from hpcdist.errors import CheckpointError, DistributedInputError
 
 _MISSING = object()  # a replica's slot in a step for which its pipeline had no data
 _END = object()  # the producer's last item: the local pipeline is exhausted
-
-
-class DistributedInputError(HpcdistError, RuntimeError):
-    """The distributed input failed on some worker (raised on every worker, so none hangs)."""
 
 
 # -- argument checks ---------------------------------------------------------------------

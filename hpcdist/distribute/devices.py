@@ -22,7 +22,7 @@ from typing import Any
 
 from hpcdist.cluster.envparse import short
 from hpcdist.cluster.gpus import CUDA_VISIBLE_DEVICES, parse_visible_devices
-from hpcdist.errors import HpcdistError
+from hpcdist.errors import InvalidDeviceError
 
 ACCEPTED_FORMS = (
     "'GPU:0', '/gpu:1', '/CPU:0', '/device:GPU:1', 'cpu' or 'gpu' (index 0), and "
@@ -36,10 +36,6 @@ _PARTS = {  # one full-match pattern per part, with what it expects for messages
     "device": (re.compile(r"(?:device:)?([A-Za-z_]+)(?::([0-9]{1,9}))?"), "a device like 'GPU:0'"),
 }
 _ORDER = tuple(_PARTS)
-
-
-class InvalidDeviceError(HpcdistError, ValueError):
-    """A device string or list of devices is malformed, unsupported, or not usable here."""
 
 
 @dataclass(frozen=True)

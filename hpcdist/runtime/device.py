@@ -31,11 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.errors import HpcdistError
-
-
-class DeviceArrayError(HpcdistError, TypeError):
-    """A device array hpcdist cannot work with (unknown type, strided, mixed devices)."""
+from hpcdist.errors import DeviceArrayError
 
 
 def is_device_array(x: Any) -> bool:

@@ -9,20 +9,11 @@ import numpy as np
 import pytest
 
 import hpcdist as hd
-from hpcdist.distribute import context
 from hpcdist.nn import Dense, Sequential, activations, regularizers
 from hpcdist.nn.embedding import Embedding
 from hpcdist.nn.layers import Flatten, Input, InputLayer
 from hpcdist.nn.normalization import BatchNormalization, LayerNormalization
 from tests.unit.nn.test_layers import numeric_grad
-
-
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    assert not leaked, "a test left a strategy scope open"
 
 
 def check_layer_gradients(layer, x, r, training, rtol=1e-6, atol=1e-8):

@@ -11,22 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hpcdist as hd
-from hpcdist.distribute import context
 from hpcdist.nn import activations, backend, initializers
 from hpcdist.nn.layers import Activation, Dense, Dropout, InputLayer, Layer
-
-
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    assert not leaked, "a test left a strategy scope open"
-
-
-@pytest.fixture(scope="module")
-def strategy():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def numeric_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:

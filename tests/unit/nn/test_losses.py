@@ -7,8 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hpcdist as hd
-from hpcdist.distribute import context
 from hpcdist.nn import losses
 from hpcdist.nn.losses import (
     BinaryCrossentropy,
@@ -24,19 +22,6 @@ from hpcdist.nn.losses import (
 from hpcdist.nn.tape import Traced
 
 EPS = 1e-7
-
-
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    assert not leaked, "a test left a strategy scope open"
-
-
-@pytest.fixture(scope="module")
-def strategy():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def numeric_grad(f, x, h=1e-6):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import hpcdist as hd
-from hpcdist.distribute import context
 from hpcdist.distribute.variables import SyncOnReadVariable
 from hpcdist.nn import losses, metrics
 from hpcdist.nn.metrics import (
@@ -20,19 +18,6 @@ from hpcdist.nn.metrics import (
     results,
 )
 from hpcdist.nn.tape import Traced
-
-
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    assert not leaked, "a test left a strategy scope open"
-
-
-@pytest.fixture(scope="module")
-def strategy():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def test_keras_documented_values():

@@ -10,24 +10,10 @@ import numpy as np
 import pytest
 
 import hpcdist as hd
-from hpcdist.distribute import context
 from hpcdist.nn import activations
 from hpcdist.nn.initializers import GlorotUniform
 from hpcdist.nn.layers import Activation, Dense, Dropout, InputLayer
 from hpcdist.nn.model import Model
-
-
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    leaked = context._stack()
-    context.set_thread_stack([])
-    assert not leaked, "a test left a strategy scope open"
-
-
-@pytest.fixture(scope="module")
-def strategy():
-    return hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def three_layers(**kw) -> Model:
