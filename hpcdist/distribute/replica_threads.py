@@ -51,7 +51,8 @@ class _Replica:
         self.local_id = local_id
         self.should_run = threading.Event()
         self.has_paused = threading.Event()
-        self.job: tuple[Any, Callable, tuple, dict] | None = None
+        # (extended, fn, args, kwargs); fn is None once done (references dropped)
+        self.job: tuple[Any, Callable | None, tuple, dict] | None = None
         self.reset()
         self.thread = threading.Thread(
             target=self._main, name=f"hpcdist-replica-{local_id}", daemon=True
@@ -72,7 +73,9 @@ class _Replica:
             self.should_run.clear()
             if self.job is None:
                 return  # the runner was collected
-            self._run_job(*self.job)
+            extended, fn, args, kwargs = self.job
+            assert fn is not None  # should_run is set with a new job
+            self._run_job(extended, fn, args, kwargs)
 
     def _run_job(self, extended: Any, fn: Callable, args: tuple, kwargs: dict) -> None:
         try:

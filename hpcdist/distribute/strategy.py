@@ -157,7 +157,13 @@ class Strategy:
         require_cross_replica(self, "strategy.run")
         return self._extended.call_for_each_replica(fn, tuple(args), dict(kwargs or {}))
 
-    def experimental_run_v2(self, fn: Callable[..., Any], args=(), kwargs=None, options=None):
+    def experimental_run_v2(
+        self,
+        fn: Callable[..., Any],
+        args: tuple | list = (),
+        kwargs: dict | None = None,
+        options: Any = None,
+    ) -> Any:
         """The old name of :meth:`run`."""
         return self.run(fn, args=args, kwargs=kwargs, options=options)
 
@@ -253,7 +259,9 @@ class Strategy:
 
         return distribute_dataset(dataset, options=options, **self._input_args())
 
-    def distribute_datasets_from_function(self, dataset_fn: Callable[[Any], Any], options=None):
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[Any], Any], options: Any = None
+    ) -> Any:
         """Call ``dataset_fn(InputContext)`` once per worker; it returns per-replica batches.
 
         Example: ``strategy.distribute_datasets_from_function(lambda ctx:
