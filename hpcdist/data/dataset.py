@@ -51,7 +51,7 @@ import copy
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,6 +101,8 @@ class Dataset:
         [[0, 1], [2, 3]]
     """
 
+    _epochs: _EpochCounter  # on the nodes that draw a new order each iteration
+
     def __init__(self, input: Dataset | None = None) -> None:
         if input is not None and not isinstance(input, Dataset):
             raise TypeError(
@@ -110,7 +112,7 @@ class Dataset:
         self._spec_cache: Any = None
 
     # ---- node protocol
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         """A fresh generator of this node's elements (one epoch)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement _iter")
 
