@@ -270,6 +270,7 @@ class PreemptionCheckpointHandler:
         self._cluster_resolver = cluster_resolver
         self._counter = _attach_counter(checkpoint)
         if manager is None:
+            assert checkpoint_dir is not None  # checked above for a Checkpoint
             manager = CheckpointManager(checkpoint, os.fspath(checkpoint_dir), max_to_keep=2)
         self._manager = manager
         self._checkpoint = checkpoint
@@ -297,7 +298,7 @@ class PreemptionCheckpointHandler:
         """
         return self._run_counter
 
-    def run(self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any):
+    def run(self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Check for preemption, then return ``distributed_train_function(*args, **kwargs)``.
 
         The check comes *before* the step (as in TF), so a checkpoint holds

@@ -298,18 +298,21 @@ class UnionResolver(ClusterResolver):
         merged: dict[str, list[str] | dict[int, str]] = {}
         for spec in specs:
             for job, tasks in spec.items():
-                if job not in sparse_jobs:
-                    merged.setdefault(job, []).extend(tasks)  # type: ignore[union-attr]
+                if job not in sparse_jobs and not isinstance(tasks, dict):
+                    dense = merged.setdefault(job, [])
+                    assert isinstance(dense, list)  # the job is dense in every spec
+                    dense.extend(tasks)
                     continue
                 into = merged.setdefault(job, {})
+                assert isinstance(into, dict)  # the job is sparse in some spec
                 new = tasks if isinstance(tasks, dict) else dict(enumerate(tasks))
-                clash = sorted(set(new) & set(into))  # type: ignore[arg-type]
+                clash = sorted(set(new) & set(into))
                 if clash:
                     raise DuplicateTaskError(
                         f"UnionResolver: job {short(job)} has task indices {short(clash, 200)} "
                         f"in more than one resolver; give each task index once"
                     )
-                into.update(new)  # type: ignore[union-attr]
+                into.update(new)
         return ClusterSpec(merged)
 
     def master(

@@ -82,6 +82,7 @@ def confusion_counts(
     if class_id is not None:
         t, p = t[..., class_id], p[..., class_id]
     t = t.astype(bool)
+    w: Any  # a NumPy or CuPy array
     if sample_weight is None:
         w = xp.ones(p.shape, np.float64)
     else:

@@ -282,8 +282,13 @@ class Layer:
         """``(dx, grads)`` from a forward ``cache`` and the output gradient ``dy``."""
         raise NotImplementedError(f"{type(self).__name__} must define backward(cache, dy)")
 
-    def _backward(self, cache: Any, dy: Any, need_dx: bool) -> tuple[Any, list[Any]]:
-        """``backward``; layers that can skip computing ``dx`` when not needed override it."""
+    def _backward(
+        self, cache: Any, dy: Any, need_dx: bool, out: list[Any] | None = None
+    ) -> tuple[Any, list[Any]]:
+        """``backward``; layers that can skip computing ``dx`` when not needed override it.
+
+        ``out``: arrays to write the gradients into, used by layers with ``_grads_into``.
+        """
         return self.backward(cache, dy)
 
     def __call__(self, x: Any, training: bool = False) -> Any:
@@ -353,6 +358,7 @@ class InputLayer(Layer):
             raise ValueError("InputLayer needs input_shape, e.g. InputLayer((10,))")
         super().__init__(name=name, dtype=dtype, input_shape=input_shape)
         if batch_size is not None:
+            assert self._batch_input_shape is not None  # set from input_shape
             self._batch_input_shape = (int(batch_size), *self._batch_input_shape[1:])
         self.built = True
 

@@ -253,11 +253,16 @@ class MeanMetricWrapper(Mean):
     def __init__(
         self, fn: Callable[..., Any], name: str | None = None, dtype: Any = None, **kwargs: Any
     ) -> None:
-        super().__init__(name=name or getattr(fn, "__name__", "mean_metric_wrapper"), dtype=dtype)
+        super().__init__(
+            name=name or str(getattr(fn, "__name__", "mean_metric_wrapper")), dtype=dtype
+        )
         self._fn = fn
         self._fn_kwargs = kwargs
 
-    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+    # Keras's MeanMetricWrapper is a Mean too, updated with (y_true, y_pred)
+    def update_state(  # type: ignore[override]
+        self, y_true: Any, y_pred: Any, sample_weight: Any = None
+    ) -> None:
         """Add the per-example values of ``fn`` for this batch."""
         y_pred = _plain(y_pred)
         y_true = array_module(y_pred).asarray(_plain(y_true))

@@ -80,7 +80,9 @@ class Adam(Optimizer):
         lr_t = lr * math.sqrt(1.0 - b2**t) / (1.0 - b1**t) if b1 < 1.0 else 0.0
         return np.array([lr_t, b1, b2, self.epsilon, lr * self._wd()], dtype)
 
-    def _update(self, k, p_in, p_out, g, slots, hyper) -> None:
+    def _update(
+        self, k: Any, p_in: Any, p_out: Any, g: Any, slots: dict[str, Any], hyper: Any
+    ) -> None:
         k.adam(p_in, p_out, g, slots["m"], slots["v"], slots.get("vhat"), hyper)
 
     def get_config(self) -> dict[str, Any]:

@@ -99,7 +99,9 @@ class Nadam(Optimizer):
         hyper = [lr, self.beta_1, self.beta_2, self.epsilon, c_m, c_g, c_v, lr * self._wd()]
         return np.array(hyper, dtype)
 
-    def _update(self, k, p_in, p_out, g, slots, hyper) -> None:
+    def _update(
+        self, k: Any, p_in: Any, p_out: Any, g: Any, slots: dict[str, Any], hyper: Any
+    ) -> None:
         k.nadam(p_in, p_out, g, slots["m"], slots["v"], hyper)
 
     def get_config(self) -> dict[str, Any]:

@@ -671,7 +671,7 @@ class Optimizer:
         """The gradients of ``group``'s variables from replica ``r`` in its flat buffer."""
         buf = group.grad_buffer(r)
         xp = array_module(buf)
-        pieces = []
+        pieces: list[Any] = []
         for v, i in zip(group.variables, idx, strict=True):
             if i is None:
                 pieces.append(None)

@@ -75,7 +75,9 @@ class RMSprop(Optimizer):
     def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         return np.array([lr, self.rho, self.momentum, self.epsilon, self._wd()], dtype)
 
-    def _update(self, k, p_in, p_out, g, slots, hyper) -> None:
+    def _update(
+        self, k: Any, p_in: Any, p_out: Any, g: Any, slots: dict[str, Any], hyper: Any
+    ) -> None:
         k.rmsprop(
             p_in,
             p_out,

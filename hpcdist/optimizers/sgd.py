@@ -74,7 +74,9 @@ class SGD(Optimizer):
             return np.array([lr, self.momentum, self._wd()], dtype)
         return np.array([lr, self._wd()], dtype)
 
-    def _update(self, k, p_in, p_out, g, slots, hyper) -> None:
+    def _update(
+        self, k: Any, p_in: Any, p_out: Any, g: Any, slots: dict[str, Any], hyper: Any
+    ) -> None:
         if "momentum" in slots:
             k.momentum(p_in, p_out, g, slots["momentum"], hyper, self.nesterov)
         else:
