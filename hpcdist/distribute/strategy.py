@@ -19,12 +19,16 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcdist.arrays import array_module, as_result, asarray
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
 from hpcdist.distribute.values import PerReplica, import_values, local_results
+
+if TYPE_CHECKING:
+    from hpcdist.cluster.base import ClusterResolver
+    from hpcdist.distribute.extended import StrategyExtended
 
 
 def mixing_error(current: Any, called: Any) -> RuntimeError:
@@ -102,7 +106,7 @@ class Strategy:
 
     # -- properties -----------------------------------------------------------------
     @property
-    def extended(self) -> Any:
+    def extended(self) -> StrategyExtended:
         """The :class:`StrategyExtended` with the lower-level API."""
         return self._extended
 
@@ -112,7 +116,7 @@ class Strategy:
         return self._extended._num_replicas_in_sync
 
     @property
-    def cluster_resolver(self) -> Any:
+    def cluster_resolver(self) -> ClusterResolver | None:
         """The cluster resolver of a multi-worker strategy, else ``None``."""
         return getattr(self._extended, "_cluster_resolver", None)
 

@@ -173,7 +173,7 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):  # type: ignore[
         return tuple(self._read().shape)
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> np.dtype:
         """The dtype of the value."""
         return self._read().dtype
 
@@ -289,7 +289,11 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):  # type: ignore[
         return self if read_value else None
 
     def assign(
-        self, value: Any, use_locking: Any = None, name: Any = None, read_value: bool = True
+        self,
+        value: Any,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
     ) -> Variable | None:
         """Set the value; returns the variable (``None`` with ``read_value=False``).
 
@@ -299,13 +303,21 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):  # type: ignore[
         return self._write("assign", value, read_value)
 
     def assign_add(
-        self, delta: Any, use_locking: Any = None, name: Any = None, read_value: bool = True
+        self,
+        delta: Any,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
     ) -> Variable | None:
         """Add ``delta`` to the value; returns the variable."""
         return self._write("add", delta, read_value)
 
     def assign_sub(
-        self, delta: Any, use_locking: Any = None, name: Any = None, read_value: bool = True
+        self,
+        delta: Any,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
     ) -> Variable | None:
         """Subtract ``delta`` from the value; returns the variable."""
         return self._write("sub", delta, read_value)
@@ -358,7 +370,7 @@ class DistributedVariable(Variable):
         return self.primary.shape
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> np.dtype:
         return self.primary.dtype
 
     @property

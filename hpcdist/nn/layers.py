@@ -29,6 +29,7 @@ import threading
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, asarray, is_array, is_cupy, to_host
 from hpcdist.distribute import context
@@ -49,7 +50,7 @@ def snake_case(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
 
 
-def resolve_dtype(dtype: Any) -> str:
+def resolve_dtype(dtype: DTypeLike | None) -> str:
     """The float dtype name of a layer: ``dtype`` or, when ``None``, the current floatx.
 
     Example: ``resolve_dtype(None) == "float32"``; ``resolve_dtype(np.float64) == "float64"``.
@@ -133,7 +134,7 @@ class Layer:
         self,
         trainable: bool = True,
         name: str | None = None,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         input_shape: tuple | None = None,
     ) -> None:
         if name is not None and (not isinstance(name, str) or not name):
@@ -212,7 +213,7 @@ class Layer:
         shape: tuple,
         initializer: Any = "zeros",
         trainable: bool = True,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         *,
         synchronization: VariableSynchronization | str = VariableSynchronization.AUTO,
         aggregation: VariableAggregation | str = VariableAggregation.NONE,
@@ -351,7 +352,7 @@ class InputLayer(Layer):
         self,
         input_shape: tuple | None = None,
         batch_size: int | None = None,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         name: str | None = None,
     ) -> None:
         if input_shape is None:
@@ -395,7 +396,7 @@ class Dense(Layer):
         kernel_initializer: Any = "glorot_uniform",
         bias_initializer: Any = "zeros",
         input_shape: tuple | None = None,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         name: str | None = None,
         trainable: bool = True,
         kernel_regularizer: Any = None,
@@ -604,7 +605,7 @@ class Dropout(Layer):
 def Input(  # noqa: N802 - Keras's name
     shape: tuple | None = None,
     batch_size: int | None = None,
-    dtype: Any = None,
+    dtype: DTypeLike | None = None,
     name: str | None = None,
 ) -> InputLayer:
     """The input of a model (``keras.Input``): an :class:`InputLayer` of ``shape`` (no batch).

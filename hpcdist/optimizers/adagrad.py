@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.optimizers.adam import _positive
-from hpcdist.optimizers.optimizer import Optimizer
+from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 
 
 class Adagrad(Optimizer):
@@ -30,7 +30,7 @@ class Adagrad(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         initial_accumulator_value: float = 0.1,
         epsilon: float = 1e-7,
         weight_decay: float | None = None,

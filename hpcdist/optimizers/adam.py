@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.optimizer import Optimizer
+from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
 
@@ -45,7 +45,7 @@ class Adam(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         beta_1: float = 0.9,
         beta_2: float = 0.999,
         epsilon: float = 1e-7,
@@ -103,7 +103,7 @@ class AdamW(Adam):
 
     def __init__(
         self,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         weight_decay: float = 0.004,
         beta_1: float = 0.9,
         beta_2: float = 0.999,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.optimizers.adam import _positive
-from hpcdist.optimizers.optimizer import Optimizer
+from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
 
@@ -38,7 +38,7 @@ class RMSprop(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         rho: float = 0.9,
         momentum: float = 0.0,
         epsilon: float = 1e-7,

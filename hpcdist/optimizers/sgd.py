@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.optimizer import Optimizer
+from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 
 
 def check_fraction(name: str, value: Any) -> float:
@@ -44,7 +44,7 @@ class SGD(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.01,
+        learning_rate: LearningRate = 0.01,
         momentum: float = 0.0,
         nesterov: bool = False,
         weight_decay: float | None = None,
