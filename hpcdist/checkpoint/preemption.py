@@ -50,12 +50,17 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hpcdist.checkpoint.watcher import PREEMPTION_SIGNALS, PreemptionWatcher
 from hpcdist.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from hpcdist.checkpoint.checkpoint import Checkpoint
+    from hpcdist.checkpoint.manager import CheckpointManager
+    from hpcdist.cluster.base import ClusterResolver
 
 __all__ = [
     "PREEMPTION_EXIT_CODE",
@@ -228,8 +233,8 @@ class PreemptionCheckpointHandler:
 
     def __init__(
         self,
-        cluster_resolver: Any,
-        checkpoint_or_checkpoint_manager: Any,
+        cluster_resolver: ClusterResolver | None,
+        checkpoint_or_checkpoint_manager: Checkpoint | CheckpointManager,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         termination_config: TerminationConfig | None = None,
     ) -> None:
