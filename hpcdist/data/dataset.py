@@ -55,6 +55,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.arrays import is_cupy
 from hpcdist.data.options import Options
@@ -267,7 +268,7 @@ class Dataset:
         return TensorDataset(tensors)
 
     @staticmethod
-    def range(*args: int, output_type: Any = np.int64) -> RangeDataset:
+    def range(*args: int, output_type: DTypeLike = np.int64) -> RangeDataset:
         """``range(stop)``, ``range(start, stop)`` or ``range(start, stop, step)`` as int64 scalars.
 
         Example:

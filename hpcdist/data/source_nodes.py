@@ -13,6 +13,7 @@ from contextlib import closing
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, is_cupy
 from hpcdist.data.dataset import Dataset
@@ -137,7 +138,7 @@ class RangeDataset(_IndexedSource):
         3
     """
 
-    def __init__(self, *args: int, output_type: Any = np.int64) -> None:
+    def __init__(self, *args: int, output_type: DTypeLike = np.int64) -> None:
         super().__init__(None)
         if not 1 <= len(args) <= 3:
             raise TypeError(
@@ -173,7 +174,7 @@ class RangeDataset(_IndexedSource):
         return f"{r.start}, {r.stop}, {r.step}"
 
 
-def _range_dtype(output_type: Any) -> np.dtype:
+def _range_dtype(output_type: DTypeLike) -> np.dtype:
     """The dtype of ``range``'s elements: an integer or floating-point type."""
     try:
         dtype = None if output_type is None else np.dtype(output_type)
