@@ -288,6 +288,7 @@ class UnionResolver(ClusterResolver):
                     f"found {type(r).__name__}"
                 )
         self._resolvers = resolvers
+        # (kwargs hold only these three names, given as the base class's types)
         self._task_type = kwargs.get("task_type")  # type: ignore[assignment]
         self._task_id = kwargs.get("task_id")  # type: ignore[assignment]
         self._rpc_layer = kwargs.get("rpc_layer")  # type: ignore[assignment]
