@@ -182,7 +182,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         cluster_resolver: ClusterResolver | None = None,
         communication_options: CommunicationOptions | None = None,
         *,
-        communication: Any = None,
+        communication: CommunicationImplementation | str | None = None,
         devices: Sequence[str | Device] | None = None,
     ) -> None:
         from hpcdist.cluster.detect import resolve
