@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -376,7 +376,13 @@ _BY_NAME["uniform"] = RandomUniform  # Keras's short names (Embedding's default)
 _BY_NAME["normal"] = RandomNormal
 
 
-def get(identifier: Any) -> Initializer | Callable[..., Any] | None:
+#: What a layer's ``*_initializer`` argument takes (see :func:`get`).
+InitializerLike: TypeAlias = (
+    str | dict[str, Any] | Initializer | type[Initializer] | Callable[..., Any] | None
+)
+
+
+def get(identifier: InitializerLike) -> Initializer | Callable[..., Any] | None:
     """An initializer for a name, a config dict, a class, an instance or a callable.
 
     ``None`` gives ``None``. Names are the snake-case or class names

@@ -211,13 +211,13 @@ class Layer:
         self,
         name: str,
         shape: tuple,
-        initializer: Any = "zeros",
+        initializer: initializers_mod.InitializerLike = "zeros",
         trainable: bool = True,
         dtype: DTypeLike | None = None,
         *,
         synchronization: VariableSynchronization | str = VariableSynchronization.AUTO,
         aggregation: VariableAggregation | str = VariableAggregation.NONE,
-        regularizer: Any = None,
+        regularizer: regularizers_mod.RegularizerLike = None,
     ) -> Variable:
         """Create a weight ``"<layer name>/<name>"`` in the current strategy scope.
 
@@ -391,16 +391,16 @@ class Dense(Layer):
     def __init__(
         self,
         units: int,
-        activation: Any = None,
+        activation: str | activations_mod.ActivationFunction | None = None,
         use_bias: bool = True,
-        kernel_initializer: Any = "glorot_uniform",
-        bias_initializer: Any = "zeros",
+        kernel_initializer: initializers_mod.InitializerLike = "glorot_uniform",
+        bias_initializer: initializers_mod.InitializerLike = "zeros",
         input_shape: tuple | None = None,
         dtype: DTypeLike | None = None,
         name: str | None = None,
         trainable: bool = True,
-        kernel_regularizer: Any = None,
-        bias_regularizer: Any = None,
+        kernel_regularizer: regularizers_mod.RegularizerLike = None,
+        bias_regularizer: regularizers_mod.RegularizerLike = None,
     ) -> None:
         super().__init__(trainable=trainable, name=name, dtype=dtype, input_shape=input_shape)
         self.kernel_regularizer = regularizers_mod.get(kernel_regularizer)
@@ -503,7 +503,9 @@ class Activation(Layer):
         array([0., 1.], dtype=float32)
     """
 
-    def __init__(self, activation: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, activation: str | activations_mod.ActivationFunction | None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.activation = activations_mod.get(activation)
         self.built = True
