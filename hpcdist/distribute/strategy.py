@@ -286,7 +286,9 @@ class Strategy:
 
         return Dataset.from_tensor_slices(numpy_input)
 
-    def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[[ValueContext], Any]
+    ) -> Any:
         """A ``PerReplica`` of ``value_fn(ctx)`` for each local replica.
 
         ``ctx`` is a :class:`ValueContext` with ``replica_id_in_sync_group``
