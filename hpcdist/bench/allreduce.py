@@ -420,13 +420,14 @@ class Gloo:
                 port = s.getsockname()[1]
         port = comm.bcast(port, root=0)
         error = ""
-        dist = torch = None
+        started: Any = None  # torch.distributed, once imported
         try:
             import datetime
 
             import torch
             import torch.distributed as dist
 
+            started = dist
             dist.init_process_group(
                 "gloo",
                 init_method=f"tcp://{address}:{port}",
@@ -438,8 +439,8 @@ class Gloo:
             error = f"{type(exc).__name__}: {exc}"
         errors = [e for e in comm.allgather(error) if e]
         if errors:
-            if dist is not None and dist.is_initialized():
-                dist.destroy_process_group()
+            if started is not None and started.is_initialized():
+                started.destroy_process_group()
             return cls(None, None, f"torch.distributed gloo did not start ({errors[0]}): skipped")
         return cls(dist, torch, None)
 
@@ -596,7 +597,9 @@ def measure_resnet(
 # -- the command -------------------------------------------------------------
 
 
-def build_parser(prog: str = "hpcdist bench allreduce", out: str = "benchmarks/results"):
+def build_parser(
+    prog: str = "hpcdist bench allreduce", out: str = "benchmarks/results"
+) -> argparse.ArgumentParser:
     """The command line options. Example: ``build_parser().parse_args(["--quick"]).quick``."""
     p = argparse.ArgumentParser(
         prog=prog,

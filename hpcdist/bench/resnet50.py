@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 #: (blocks, bottleneck width, stride of the first block) of each stage.
 STAGES = ((3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2))
@@ -77,7 +78,7 @@ def parameter_count(shapes: list[tuple[str, tuple[int, ...]]]) -> int:
     return sum(math.prod(shape) for _, shape in shapes)
 
 
-def resnet50_gradients(dtype: np.dtype | str = np.float32, fill: float = 1.0) -> list[np.ndarray]:
+def resnet50_gradients(dtype: DTypeLike = np.float32, fill: float = 1.0) -> list[np.ndarray]:
     """One new array per trainable tensor of ResNet-50, filled with ``fill``.
 
     Example:

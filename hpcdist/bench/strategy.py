@@ -167,7 +167,9 @@ def measure_size(nbytes: int, *, comm: Any, strategy: Any, gloo: Gloo, repeats: 
     per_replica = strategy.experimental_distribute_values_from_function(lambda ctx: x)
 
     def step(g: Any) -> Any:
-        return hd.get_replica_context().all_reduce("SUM", g)
+        ctx = hd.get_replica_context()
+        assert ctx is not None  # called by strategy.run
+        return ctx.all_reduce("SUM", g)
 
     calls: dict[str, Callable[[], Any]] = {
         RAW: functools.partial(comm.Allreduce, x, recv, MPI.SUM),
@@ -237,9 +239,11 @@ def measure_resnet(*, comm: Any, strategy: Any, repeats: int) -> dict[str, Any]:
             comm.Allreduce(g, r, MPI.SUM)
 
     def step(gs: Any) -> Any:
-        return hd.get_replica_context().all_reduce("SUM", gs)
+        ctx = hd.get_replica_context()
+        assert ctx is not None  # called by strategy.run
+        return ctx.all_reduce("SUM", gs)
 
-    calls = {
+    calls: dict[str, Callable[[], Any]] = {
         "loop": loop,
         "engine": functools.partial(engine.allreduce, grads, ReduceOp.SUM),
         "run": functools.partial(strategy.run, step, (grads,)),
@@ -282,7 +286,7 @@ def measure_small_costs(*, comm: Any, strategy: Any, repeats: int) -> dict[str, 
     engine = strategy.extended._collectives
     x = np.ones(1024, np.float32)
     checked = CommunicationOptions(timeout_seconds=600)
-    calls = {
+    calls: dict[str, Callable[[], Any]] = {
         "unchecked": functools.partial(engine.allreduce, [x], ReduceOp.SUM),
         "checked": functools.partial(engine.allreduce, [x], ReduceOp.SUM, checked),
     }
@@ -339,7 +343,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "hpcdist bench strate
     max_bytes = args.max_bytes or ((1 << 20) if args.quick else BIGGEST)
     gloo = Gloo(None, None, "--no-gloo") if args.no_gloo else Gloo.start(comm)
     started = time.perf_counter()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for nbytes in size_list(args.min_bytes, max_bytes):
         times, picked = measure_size(nbytes, comm=comm, strategy=strategy, gloo=gloo,
                                      repeats=repeats, quick=args.quick)

@@ -105,7 +105,7 @@ class FitState:
         return {"counts": counts, "steps": 0, "done": False}
 
     def _checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
-        meta = {"epoch": self.epoch, "step": self.step, "seed": self.seed}
+        meta: dict[str, Any] = {"epoch": self.epoch, "step": self.step, "seed": self.seed}
         meta["iterator"] = self._iterator_meta()
         return {}, meta
 

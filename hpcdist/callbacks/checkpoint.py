@@ -122,7 +122,7 @@ class ModelCheckpoint(Callback):
 
     # -- logic -----------------------------------------------------------------------
     def _should_save_on_batch(self, batch: int) -> bool:
-        if self.save_freq == "epoch":
+        if isinstance(self.save_freq, str):  # "epoch"
             return False
         if batch <= self._last_batch_seen:  # a new epoch started: batches restart at 0
             added = batch + 1

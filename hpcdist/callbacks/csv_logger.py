@@ -102,6 +102,7 @@ class CSVLogger(Callback):
         if self._file is None:
             self._open()
         file = self._file
+        assert file is not None  # opened above
         if self.keys is None:
             self.keys = sorted(logs)
         if self._writer is None:

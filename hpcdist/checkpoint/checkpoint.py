@@ -206,6 +206,7 @@ class Checkpoint:
             per_worker = group.gather_json(metas)
             error, result = None, None
             if group.is_root:
+                assert per_worker is not None  # gathered on the root
                 try:
                     fragment, names = None, None
                     if ps:
@@ -227,7 +228,9 @@ class Checkpoint:
         return prefix, result
 
     # -- restoring ---------------------------------------------------------------------------
-    def restore(self, save_path: str | os.PathLike[str] | None, options: Any = None):
+    def restore(
+        self, save_path: str | os.PathLike[str] | None, options: Any = None
+    ) -> CheckpointLoadStatus:
         """Restore every tracked object (and ``save_counter``) from ``save_path``.
 
         ``None`` restores nothing (the status's assertions then fail). Values for
@@ -241,7 +244,7 @@ class Checkpoint:
             return CheckpointLoadStatus(None, self._entries(), [])
         return self._read(os.fspath(save_path), True)
 
-    def read(self, save_path: str | os.PathLike[str], options: Any = None):
+    def read(self, save_path: str | os.PathLike[str], options: Any = None) -> CheckpointLoadStatus:
         """Like :meth:`restore` for a checkpoint made by :meth:`write` (``save_counter`` kept).
 
         Example: ``ckpt.read("/ckpt/final").assert_consumed()``.
@@ -297,6 +300,7 @@ class Checkpoint:
                                 )
                             from hpcdist.distribute.ps.checkpoint import restore_ps_shards
 
+                            assert manifest is not None  # read above on the root
                             restore_ps_shards(strategy, prefix, manifest["ps_shards"])
                         except Exception as e:
                             error = e

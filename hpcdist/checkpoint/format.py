@@ -314,13 +314,16 @@ def verify_files(prefix: str, manifest: dict) -> None:
             )
 
 
-def _read_member(zf: zipfile.ZipFile, path: str, key: str, dtype: np.dtype, shape: tuple):
+def _read_member(
+    zf: zipfile.ZipFile, path: str, key: str, dtype: np.dtype, shape: tuple
+) -> np.ndarray:
     """One array of an npz archive, header checked first; never unpickles."""
     try:
         info = zf.getinfo(key + ".npy")
     except KeyError:
         raise _corrupt(path, f"has no array {key!r} (the manifest lists it)") from None
     with zf.open(info) as f:
+        assert isinstance(f, zipfile.ZipExtFile)  # (read mode: it has readinto)
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
             found_shape, fortran, found = np.lib.format.read_array_header_1_0(f)

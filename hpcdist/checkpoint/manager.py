@@ -38,12 +38,15 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcdist.checkpoint.format import CheckpointNotFoundError, data_file, index_file
 from hpcdist.checkpoint.sync import Group
 from hpcdist.errors import CheckpointCorruptError
 from hpcdist.runtime.atomic import atomic_write, fsync_directory
+
+if TYPE_CHECKING:
+    from hpcdist.checkpoint.checkpoint import Checkpoint
 
 __all__ = ["CheckpointManager", "latest_checkpoint", "read_state_file", "write_state_file"]
 
@@ -155,7 +158,7 @@ class CheckpointManager:
 
     def __init__(
         self,
-        checkpoint: Any,
+        checkpoint: Checkpoint,
         directory: str | os.PathLike[str],
         max_to_keep: int | None = 5,
         keep_checkpoint_every_n_hours: float | None = None,
@@ -257,7 +260,7 @@ class CheckpointManager:
         return self._directory
 
     @property
-    def checkpoint(self) -> Any:
+    def checkpoint(self) -> Checkpoint:
         """The managed Checkpoint."""
         return self._checkpoint
 
@@ -277,7 +280,7 @@ class CheckpointManager:
         return _full(self._directory, self._names[-1]) if self._names else None
 
     def save(
-        self, checkpoint_number: Any = None, check_interval: bool = True, options: Any = None
+        self, checkpoint_number: int | None = None, check_interval: bool = True, options: Any = None
     ) -> str | None:
         """Save a new checkpoint ``<directory>/<checkpoint_name>-<number>``; returns its path.
 

@@ -49,12 +49,17 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hpcdist.checkpoint.watcher import PREEMPTION_SIGNALS, PreemptionWatcher
 from hpcdist.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from hpcdist.checkpoint.checkpoint import Checkpoint
+    from hpcdist.checkpoint.manager import CheckpointManager
+    from hpcdist.cluster.base import ClusterResolver
 
 __all__ = [
     "PREEMPTION_EXIT_CODE",
@@ -227,8 +232,8 @@ class PreemptionCheckpointHandler:
 
     def __init__(
         self,
-        cluster_resolver: Any,
-        checkpoint_or_checkpoint_manager: Any,
+        cluster_resolver: ClusterResolver | None,
+        checkpoint_or_checkpoint_manager: Checkpoint | CheckpointManager,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         termination_config: TerminationConfig | None = None,
     ) -> None:
@@ -269,6 +274,7 @@ class PreemptionCheckpointHandler:
         self._cluster_resolver = cluster_resolver
         self._counter = _attach_counter(checkpoint)
         if manager is None:
+            assert checkpoint_dir is not None  # checked above for a Checkpoint
             manager = CheckpointManager(checkpoint, os.fspath(checkpoint_dir), max_to_keep=2)
         self._manager = manager
         self._checkpoint = checkpoint
@@ -296,7 +302,7 @@ class PreemptionCheckpointHandler:
         """
         return self._run_counter
 
-    def run(self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any):
+    def run(self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Check for preemption, then return ``distributed_train_function(*args, **kwargs)``.
 
         The check comes *before* the step (as in TF), so a checkpoint holds

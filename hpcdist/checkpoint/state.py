@@ -184,7 +184,7 @@ class _DeferredSlots:
         for v in new:
             i = position.get(id(v))
             values = self.slots.get(i) if i is not None else None
-            if values is None:
+            if i is None or values is None:
                 continue
             slots = optimizer._entries[id(v)][1]
             for name, value in values.items():

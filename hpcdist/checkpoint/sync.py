@@ -141,9 +141,10 @@ class Group:
         return int(out[0])
 
     def _bcast_bytes(self, data: bytes | None, root: int) -> bytes:
-        n = np.array([len(data) if self.rank == root else 0], np.int64)
+        sent = data if data is not None else b""  # (read on the root only)
+        n = np.array([len(sent) if self.rank == root else 0], np.int64)
         self.comm.Bcast(n, root=root)
-        buf = np.frombuffer(data, np.uint8).copy() if self.rank == root else None
+        buf = np.frombuffer(sent, np.uint8).copy() if self.rank == root else None
         if buf is None:
             buf = np.empty(int(n[0]), np.uint8)
         self._bcast_buffer(buf, root)
@@ -173,6 +174,7 @@ class Group:
         if first == self.size:
             return
         if self.comm is None:
+            assert error is not None  # first < size: this (only) worker failed
             text = {"kind": _kind(error), "message": _text(error)}
         else:
             mine = {"kind": _kind(error), "message": _text(error)} if error is not None else None
@@ -215,6 +217,7 @@ class Group:
         if not self.is_root:
             self.comm.Gatherv([data, MPI.BYTE], None, root=self.root)
             return None
+        assert sizes is not None  # the root's
         counts = [int(c) for c in sizes]
         displs = [sum(counts[:i]) for i in range(self.size)]
         out = np.empty(sum(counts), np.uint8)
@@ -228,9 +231,10 @@ class Group:
         """
         if self.comm is None:
             return list(arrays or [])
-        out = []
+        out: list[np.ndarray] = []
         for i, (dtype, shape) in enumerate(specs):
             if self.is_root:
+                assert arrays is not None  # the root passes its arrays
                 a = np.asarray(arrays[i])
                 if not (a.flags.c_contiguous and a.flags.writeable):  # MPI wants a plain buffer
                     a = np.array(a, order="C")

@@ -98,7 +98,7 @@ class PreemptionWatcher:
         assert stop is not None
         while not stop.is_set():
             try:
-                noticed = bool(self._watcher_fn())  # type: ignore[misc]
+                noticed = bool(self._watcher_fn())  # type: ignore[misc]  # set: polled only then
             except Exception as error:  # a flaky watcher must not kill training
                 log.warning("termination_watcher_fn raised %r; still watching", error)
                 noticed = False

@@ -288,6 +288,7 @@ class UnionResolver(ClusterResolver):
                     f"found {type(r).__name__}"
                 )
         self._resolvers = resolvers
+        # (kwargs hold only these three names, given as the base class's types)
         self._task_type = kwargs.get("task_type")  # type: ignore[assignment]
         self._task_id = kwargs.get("task_id")  # type: ignore[assignment]
         self._rpc_layer = kwargs.get("rpc_layer")  # type: ignore[assignment]
@@ -298,18 +299,21 @@ class UnionResolver(ClusterResolver):
         merged: dict[str, list[str] | dict[int, str]] = {}
         for spec in specs:
             for job, tasks in spec.items():
-                if job not in sparse_jobs:
-                    merged.setdefault(job, []).extend(tasks)  # type: ignore[union-attr]
+                if job not in sparse_jobs and not isinstance(tasks, dict):
+                    dense = merged.setdefault(job, [])
+                    assert isinstance(dense, list)  # the job is dense in every spec
+                    dense.extend(tasks)
                     continue
                 into = merged.setdefault(job, {})
+                assert isinstance(into, dict)  # the job is sparse in some spec
                 new = tasks if isinstance(tasks, dict) else dict(enumerate(tasks))
-                clash = sorted(set(new) & set(into))  # type: ignore[arg-type]
+                clash = sorted(set(new) & set(into))
                 if clash:
                     raise DuplicateTaskError(
                         f"UnionResolver: job {short(job)} has task indices {short(clash, 200)} "
                         f"in more than one resolver; give each task index once"
                     )
-                into.update(new)  # type: ignore[union-attr]
+                into.update(new)
         return ClusterSpec(merged)
 
     def master(

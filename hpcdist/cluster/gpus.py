@@ -202,13 +202,16 @@ def _int_arg(name: str, value: object, minimum: int, maximum: int) -> int:
 def _rank_list(index: int, entries: object) -> tuple[str, ...] | None:
     if entries is None:
         return None
-    ok = isinstance(entries, Sequence) and not isinstance(entries, (str, bytes))
-    if not ok or not all(isinstance(e, str) for e in entries):  # type: ignore[union-attr]
+    if (
+        not isinstance(entries, Sequence)
+        or isinstance(entries, (str, bytes))
+        or not all(isinstance(e, str) for e in entries)
+    ):
         raise GPUBindingError(
             f"lists[{index}] must be None or a tuple of CUDA_VISIBLE_DEVICES entries (as "
             f"parse_visible_devices gives them); found {short(entries)}"
         )
-    return tuple(entries)  # type: ignore[arg-type]
+    return tuple(entries)
 
 
 def _too_few(members: int, n: int, g: int, where: str) -> TooFewGPUsError:

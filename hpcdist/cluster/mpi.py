@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcdist.cluster.base import ClusterResolver, assign_jobs, task_of_rank
 from hpcdist.cluster.envparse import short
@@ -40,6 +40,9 @@ from hpcdist.cluster.gpus import bind_gpus
 from hpcdist.cluster.launchers import LaunchInfo, detect_launcher
 from hpcdist.cluster.spec import ClusterSpec
 from hpcdist.errors import ClusterConfigError, LauncherConfigError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 #: The launcher name reported when the world came from MPI itself.
 MPI_FALLBACK = "mpi"
@@ -101,7 +104,7 @@ class MPIClusterResolver(ClusterResolver):
         port_base: int = 8888,
         rpc_layer: str | None = None,
         environ: Mapping[str, str] | None = None,
-        comm: Any = None,
+        comm: MPI.Comm | None = None,
         hosts: Sequence[str] | None = None,
     ) -> None:
         self._environ = environ

@@ -271,6 +271,7 @@ class _Layout:
                 f"unknown; {_SRUN_HINT}"
             )
         else:
+            assert found is not None  # the hosts came from it
             tpn = _first(environ, _TASKS_PER_NODE_VARS)
             if tpn is not None:
                 try:
@@ -440,7 +441,8 @@ class SlurmClusterResolver(ClusterResolver):
         binding = _gpus.bind_gpus(
             self._local_rank, self._local_size, per_task, environ=env, num_gpus=num_gpus
         )
-        self._gpus_per_node = len(visible) if num_gpus is None else num_gpus
+        # (num_gpus is None only where visible is not)
+        self._gpus_per_node = num_gpus if num_gpus is not None else len(visible or ())
         self._gpus_per_task = len(binding.visible)
         if not auto_set_gpu:
             return

@@ -126,7 +126,7 @@ def _unseeded_shuffles(chain: list[Any]) -> list[str]:
             found.append("shuffle() without a seed")
         elif (
             isinstance(node, FileListDataset)
-            and getattr(node, "shuffle", False)
+            and getattr(node, "shuffle_files", False)
             and getattr(node, "seed", None) is None
             and not getattr(node, "seed_from_stream", False)
         ):

@@ -51,10 +51,11 @@ import copy
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.arrays import is_cupy
 from hpcdist.data.options import Options
@@ -101,6 +102,8 @@ class Dataset:
         [[0, 1], [2, 3]]
     """
 
+    _epochs: _EpochCounter  # on the nodes that draw a new order each iteration
+
     def __init__(self, input: Dataset | None = None) -> None:
         if input is not None and not isinstance(input, Dataset):
             raise TypeError(
@@ -110,7 +113,7 @@ class Dataset:
         self._spec_cache: Any = None
 
     # ---- node protocol
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         """A fresh generator of this node's elements (one epoch)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement _iter")
 
@@ -265,7 +268,7 @@ class Dataset:
         return TensorDataset(tensors)
 
     @staticmethod
-    def range(*args: int, output_type: Any = np.int64) -> RangeDataset:
+    def range(*args: int, output_type: DTypeLike = np.int64) -> RangeDataset:
         """``range(stop)``, ``range(start, stop)`` or ``range(start, stop, step)`` as int64 scalars.
 
         Example:

@@ -675,7 +675,9 @@ class DistributedIterator:
             _Prefetcher(steps, depth + 1) if dataset._read_ahead else _Synchronous(steps)
         )
         if self._copier is None:
-            self._finalizer = weakref.finalize(self, self._source.close)
+            self._finalizer: weakref.finalize[..., DistributedIterator] = weakref.finalize(
+                self, self._source.close
+            )
         else:
             self._finalizer = weakref.finalize(self, _close_all, self._source, self._copier)
         self._template: Any = None

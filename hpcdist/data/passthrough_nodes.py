@@ -13,7 +13,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from contextlib import closing
 from typing import Any
 
@@ -38,6 +38,8 @@ class RepeatDataset(Dataset):
         True
     """
 
+    _input: Dataset  # a transformation always has an input
+
     def __init__(self, input: Dataset, count: int | None = None) -> None:
         super().__init__(input)
         self.count = (
@@ -51,7 +53,7 @@ class RepeatDataset(Dataset):
     def _epochs_range(self) -> Iterable[int]:
         return itertools.count() if self.count < 0 else range(self.count)
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         for _ in self._epochs_range():
             produced = False
             with closing(self._input._iter()) as it:
@@ -93,11 +95,13 @@ class TakeDataset(Dataset):
         3
     """
 
+    _input: Dataset  # a transformation always has an input
+
     def __init__(self, input: Dataset, count: int) -> None:
         super().__init__(input)
         self.count = _check_int(count, "take", "count", -1, "count >= 0, or -1 for all")
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         if self.count == 0:
             return
         with closing(self._input._iter()) as it:
@@ -146,11 +150,13 @@ class SkipDataset(Dataset):
         0
     """
 
+    _input: Dataset  # a transformation always has an input
+
     def __init__(self, input: Dataset, count: int) -> None:
         super().__init__(input)
         self.count = _check_int(count, "skip", "count", -1, "count >= 0, or -1 to skip all")
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         with closing(self._input._iter()) as it:
             if self.count < 0:
                 for _ in it:
@@ -193,6 +199,8 @@ class ShardDataset(Dataset):
         (3, 1, 3)
     """
 
+    _input: Dataset  # a transformation always has an input
+
     def __init__(self, input: Dataset, num_shards: int, index: int) -> None:
         super().__init__(input)
         self.num_shards = _check_int(
@@ -207,7 +215,7 @@ class ShardDataset(Dataset):
             )
         self.index = int(index)
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         n, k = self.num_shards, self.index
         with closing(self._input._iter()) as it:
             for i, element in enumerate(it):
@@ -247,13 +255,15 @@ class PrefetchDataset(Dataset):
         3
     """
 
+    _input: Dataset  # a transformation always has an input
+
     def __init__(self, input: Dataset, buffer_size: int) -> None:
         super().__init__(input)
         self.buffer_size = _check_int(
             buffer_size, "prefetch", "buffer_size", -1, "buffer_size >= 0 or AUTOTUNE (-1)"
         )
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         size = _ds._PREFETCH_AUTOTUNE if self.buffer_size == AUTOTUNE else self.buffer_size
         if size == 0:
             with closing(self._input._iter()) as it:
@@ -329,6 +339,8 @@ class _OptionsDataset(Dataset):
         True
     """
 
+    _input: Dataset  # a transformation always has an input
+
     def __init__(self, input: Dataset, options: Options) -> None:
         super().__init__(input)
         if not isinstance(options, Options):
@@ -338,7 +350,7 @@ class _OptionsDataset(Dataset):
             )
         self._options = options.copy()
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         with closing(self._input._iter()) as it:
             yield from it
 

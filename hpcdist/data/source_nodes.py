@@ -7,11 +7,13 @@ by index. Example: ``RangeDataset(2, 9, 3).cardinality() == 3``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, is_cupy
 from hpcdist.data.dataset import Dataset
@@ -73,14 +75,14 @@ class TensorSliceDataset(_IndexedSource):
     def _num_rows(self) -> int:
         return self._n
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         arrays = self._arrays
         if not isinstance(arrays, (tuple, Mapping)):
             for i in range(self._n):
                 yield _row(arrays, i)
             return
         for i in range(self._n):
-            yield _map_structure(lambda a, i=i: _row(a, i), arrays)
+            yield _map_structure(functools.partial(_row, i=i), arrays)
 
     def _take(self, rows: range | np.ndarray) -> Any:
         arrays = self._arrays
@@ -118,7 +120,7 @@ class TensorDataset(Dataset):
         super().__init__(None)
         self._value = _normalize(tensors)
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         yield self._value
 
     def cardinality(self) -> int:
@@ -136,7 +138,7 @@ class RangeDataset(_IndexedSource):
         3
     """
 
-    def __init__(self, *args: int, output_type: Any = np.int64) -> None:
+    def __init__(self, *args: int, output_type: DTypeLike = np.int64) -> None:
         super().__init__(None)
         if not 1 <= len(args) <= 3:
             raise TypeError(
@@ -155,7 +157,7 @@ class RangeDataset(_IndexedSource):
     def _num_rows(self) -> int:
         return len(self._range)
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         make = self.output_type.type
         for v in self._range:
             yield make(v)
@@ -172,7 +174,7 @@ class RangeDataset(_IndexedSource):
         return f"{r.start}, {r.stop}, {r.step}"
 
 
-def _range_dtype(output_type: Any) -> np.dtype:
+def _range_dtype(output_type: DTypeLike) -> np.dtype:
     """The dtype of ``range``'s elements: an integer or floating-point type."""
     try:
         dtype = None if output_type is None else np.dtype(output_type)
@@ -236,7 +238,7 @@ class GeneratorDataset(Dataset):
         self.args = tuple(args or ())
         self.output_signature = _signature(output_signature, output_types, output_shapes)
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         signature = self.output_signature
         source = self.generator(*self.args)
         try:
@@ -373,8 +375,9 @@ class FileListDataset(Dataset):
     """File names (str): the source of ``list_files`` and ``from_files``.
 
     ``files`` is the sorted (``list_files``) or given (``from_files``) order;
-    with ``shuffle`` every iteration yields them in a permutation drawn as for
-    ``shuffle(len(files), seed)``.
+    with ``shuffle`` (kept as ``shuffle_files``: an attribute named ``shuffle``
+    would hide the :meth:`Dataset.shuffle` method) every iteration yields them
+    in a permutation drawn as for ``shuffle(len(files), seed)``.
 
     Example:
         >>> FileListDataset(("b.npy", "a.npy")).files
@@ -386,15 +389,17 @@ class FileListDataset(Dataset):
     ) -> None:
         super().__init__(None)
         self.files = tuple(to_path(f, "FileListDataset") for f in files)
-        self.shuffle = bool(shuffle)
+        self.shuffle_files = bool(shuffle)
         self.seed = _check_seed(seed, "list_files")
         # without a seed, hd.utils.set_random_seed's stream gives one (the same on every worker)
-        self.seed_from_stream = self.shuffle and self.seed is None and get_random_seed() is not None
+        self.seed_from_stream = (
+            self.shuffle_files and self.seed is None and get_random_seed() is not None
+        )
         self._seed_used = next_seed() if self.seed_from_stream else self.seed
         self._epochs = _EpochCounter()
 
-    def _iter(self) -> Iterator[str]:
-        if not self.shuffle:
+    def _iter(self) -> Generator[str, None, None]:
+        if not self.shuffle_files:
             yield from self.files
             return
         rng = _epoch_rng(self._seed_used, True, self._epochs)
@@ -405,7 +410,7 @@ class FileListDataset(Dataset):
         return len(self.files)
 
     def _compute_element_spec(self) -> Any:
-        return TensorSpec((), np.str_)
+        return TensorSpec((), np.dtype(np.str_))
 
     def _describe(self) -> str:
-        return f"files={len(self.files)}, shuffle={self.shuffle}, seed={self.seed}"
+        return f"files={len(self.files)}, shuffle={self.shuffle_files}, seed={self.seed}"

@@ -9,10 +9,11 @@ looked up there at iteration time. Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Any
@@ -66,6 +67,8 @@ class BatchDataset(Dataset):
         (2, False, 3)
     """
 
+    _input: Dataset  # a transformation always has an input
+
     def __init__(self, input: Dataset, batch_size: int, drop_remainder: bool = False) -> None:
         super().__init__(input)
         self.batch_size = _check_int(
@@ -73,7 +76,7 @@ class BatchDataset(Dataset):
         )
         self.drop_remainder = bool(drop_remainder)
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         size, drop = self.batch_size, self.drop_remainder
         stream = self._input._fast_stream()
         if stream is not None:
@@ -138,12 +141,14 @@ class UnbatchDataset(Dataset):
         [1, 2]
     """
 
-    def _iter(self) -> Iterator[Any]:
+    _input: Dataset  # a transformation always has an input
+
+    def _iter(self) -> Generator[Any, None, None]:
         with closing(self._input._iter()) as it:
             for element in it:
                 n = _num_rows(element, "unbatch")
                 for i in range(n):
-                    yield _map_structure(lambda a, i=i: _row(a, i), element)
+                    yield _map_structure(functools.partial(_row, i=i), element)
 
     def _compute_element_spec(self) -> Any:
         def drop_first(s: TensorSpec) -> TensorSpec:
@@ -167,6 +172,8 @@ class ShuffleDataset(Dataset):
         >>> sorted(first) == sorted(second) == list(range(6)), first != second
         (True, True)
     """
+
+    _input: Dataset  # a transformation always has an input
 
     def __init__(
         self,
@@ -202,7 +209,7 @@ class ShuffleDataset(Dataset):
         upstream = self._input._index_stream()
         yield from _shuffle_indices(upstream, self.buffer_size, self._rng(), _ds._SHUFFLE_CHUNK)
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         stream = self._fast_stream()
         if stream is None:
             yield from self._iter_buffered()
@@ -247,13 +254,18 @@ class ShuffleDataset(Dataset):
         )
 
 
+def _copy_row(a: Any, i: int) -> Any:
+    """Row ``i`` of ``a``: a copy, a scalar for a 1-D array."""
+    return a[i] if a.ndim == 1 else a[i].copy()
+
+
 def _unstack(batch: Any) -> Iterator[Any]:
     n = _block_rows(batch)
     if not isinstance(batch, (tuple, Mapping)):
         yield from (batch[i] if batch.ndim == 1 else batch[i].copy() for i in range(n))
         return
     for i in range(n):
-        yield _map_structure(lambda a, i=i: a[i] if a.ndim == 1 else a[i].copy(), batch)
+        yield _map_structure(functools.partial(_copy_row, i=i), batch)
 
 
 class MapDataset(Dataset):
@@ -263,6 +275,8 @@ class MapDataset(Dataset):
         >>> [int(x) for x in MapDataset(Dataset.range(4), lambda x: x + 1, num_parallel_calls=2)]
         [1, 2, 3, 4]
     """
+
+    _input: Dataset  # a transformation always has an input
 
     def __init__(
         self,
@@ -293,7 +307,7 @@ class MapDataset(Dataset):
             return min(os.cpu_count() or 1, MAX_MAP_THREADS)
         return min(int(self.num_parallel_calls or 1), MAX_MAP_THREADS)
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         fn, threads = self.map_func, self._threads()
         with closing(self._input._iter()) as it:
             if threads <= 1:
@@ -354,6 +368,8 @@ class FilterDataset(Dataset):
         True
     """
 
+    _input: Dataset  # a transformation always has an input
+
     def __init__(self, input: Dataset, predicate: Callable[..., Any]) -> None:
         super().__init__(input)
         if not callable(predicate):
@@ -362,7 +378,7 @@ class FilterDataset(Dataset):
             )
         self.predicate = predicate
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         pred = self.predicate
         with closing(self._input._iter()) as it:
             for element in it:
@@ -391,6 +407,8 @@ class FileReaderDataset(Dataset):
         True
     """
 
+    _input: Dataset  # a transformation always has an input
+
     def __init__(self, input: Dataset, reader: FileReader) -> None:
         super().__init__(input)
         if not isinstance(reader, FileReader):
@@ -409,7 +427,7 @@ class FileReaderDataset(Dataset):
                     rows_of(path, arrays)
                     yield arrays
 
-    def _iter(self) -> Iterator[Any]:
+    def _iter(self) -> Generator[Any, None, None]:
         for arrays in self._file_arrays():
             n = _block_rows(arrays)
             if not isinstance(arrays, (tuple, Mapping)):
@@ -417,7 +435,7 @@ class FileReaderDataset(Dataset):
                     yield _row(arrays, i)
                 continue
             for i in range(n):
-                yield _map_structure(lambda a, i=i: _row(a, i), arrays)
+                yield _map_structure(functools.partial(_row, i=i), arrays)
 
     def _compute_element_spec(self) -> Any:
         with closing(self._input._detached()._iter()) as names:

@@ -125,8 +125,13 @@ class CentralStorageExtended(StrategyExtended):
         return vs.SyncOnReadVariable(self._strategy, components, **spec)
 
     def update(
-        self, var: Any, fn: Callable, args: tuple = (), kwargs: dict | None = None, group=True
-    ):
+        self,
+        var: Any,
+        fn: Callable,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        group: bool = True,
+    ) -> Any:
         """Run ``fn(var, *args, **kwargs)`` once on the single copy of ``var``.
 
         In a replica context this is a merge call; a ``PerReplica`` argument is

@@ -27,7 +27,9 @@ class DefaultExtended(StrategyExtended):
         super().__init__([parse_device("/cpu:0")], distributed_variables=False)
         self._variable_device = None
 
-    def call_for_each_replica(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
+    def call_for_each_replica(
+        self, fn: Callable, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         return fn(*args, **(kwargs or {}))
 
     def _owner(self) -> Any:

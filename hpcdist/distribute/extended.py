@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +48,10 @@ from hpcdist.distribute.values import (
 )
 from hpcdist.runtime.device import is_device_array
 
+if TYPE_CHECKING:
+    from hpcdist.cluster.base import ClusterResolver
+    from hpcdist.collectives.options import CommunicationOptions
+
 
 class StrategyExtended:
     """The lower-level API of a strategy (``tf.distribute.StrategyExtended``).
@@ -56,6 +60,9 @@ class StrategyExtended:
     """
 
     _strategy: Any  # set by Strategy.__init__
+    # set by the multi-worker and parameter-server strategies
+    _cluster_resolver: ClusterResolver | None
+    _communication_options: CommunicationOptions
 
     def __init__(
         self,
@@ -169,7 +176,9 @@ class StrategyExtended:
         with streams.cupy_module().cuda.Device(device.index):
             yield
 
-    def call_for_each_replica(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
+    def call_for_each_replica(
+        self, fn: Callable, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         """Run ``fn`` on every local replica (what ``strategy.run`` does after its checks)."""
         kwargs = kwargs or {}
         if self._num_local_replicas == 1 and not kwargs and _plain_arrays(args):
@@ -311,9 +320,9 @@ class StrategyExtended:
         if self._streams is not None and self._num_workers == 1:
             done = [self._local_gpu_reduce(op, leaf, self._devices) for leaf in leaves]
             rest = [leaf for leaf, r in zip(leaves, done, strict=True) if r is _UNHANDLED]
-            reduced = iter(self._reduce_leaves(op, rest, options) if rest else ())
+            rest_reduced = iter(self._reduce_leaves(op, rest, options) if rest else ())
             return [
-                place(next(reduced), self._devices) if r is _UNHANDLED else r for r in done
+                place(next(rest_reduced), self._devices) if r is _UNHANDLED else r for r in done
             ]
         reduced = self._reduce_leaves(op, leaves, options)
         if self._num_local_replicas == 1 and self._devices[0].device_type == "CPU":
@@ -355,7 +364,7 @@ class StrategyExtended:
 
     def reduce_to(
         self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None
-    ):
+    ) -> Any:
         """Reduce ``value`` over all replicas and copy it to ``destinations``.
 
         Example: ``extended.reduce_to("SUM", per_replica_grad, destinations=var)`` gives a
@@ -461,8 +470,13 @@ class StrategyExtended:
 
     # -- variables ----------------------------------------------------------------------------
     def update(
-        self, var: Any, fn: Callable, args: tuple = (), kwargs: dict | None = None, group=True
-    ):
+        self,
+        var: Any,
+        fn: Callable,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        group: bool = True,
+    ) -> Any:
         """Run ``fn(component, *args, **kwargs)`` on each component of ``var``.
 
         A ``PerReplica`` argument gives each component its own value. In a

@@ -98,7 +98,7 @@ class IndexedSlices:
         return self._values.dtype
 
     def _checked_indices(self) -> Any:
-        rows = self._dense_shape[0]  # type: ignore[index]
+        rows = self._dense_shape[0]  # type: ignore[index]  # callers check it is known
         if self._indices.size:
             lo, hi = int(self._indices.min()), int(self._indices.max())
             if lo < 0 or hi >= rows:

@@ -182,7 +182,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         cluster_resolver: ClusterResolver | None = None,
         communication_options: CommunicationOptions | None = None,
         *,
-        communication: Any = None,
+        communication: CommunicationImplementation | str | None = None,
         devices: Sequence[str | Device] | None = None,
     ) -> None:
         from hpcdist.cluster.detect import resolve
@@ -216,7 +216,11 @@ class MultiWorkerMirroredStrategy(Strategy):
         super().__init__(extended)
 
     @classmethod
-    def _from_local_devices(cls, devices: Sequence[str | Device], communication_options=None):
+    def _from_local_devices(
+        cls,
+        devices: Sequence[str | Device],
+        communication_options: CommunicationOptions | None = None,
+    ) -> MultiWorkerMirroredStrategy:
         """TF's test helper: the strategy with these local devices on every worker."""
         return cls(communication_options=communication_options, devices=devices)
 

@@ -56,8 +56,10 @@ def _rebuild(instance: Any, values: list[Any]) -> Any:
         by_key = dict(zip(_sorted_keys(instance), values, strict=True))
         pairs = [(k, by_key[k]) for k in instance]
         if isinstance(instance, defaultdict):
-            return type(instance)(instance.default_factory, pairs)
-        return type(instance)(pairs)
+            dd_type: type[defaultdict[Any, Any]] = type(instance)
+            return dd_type(instance.default_factory, pairs)
+        mapping_type: Callable[[list[tuple[Any, Any]]], Any] = type(instance)  # dict-like
+        return mapping_type(pairs)
     if _is_namedtuple(instance):
         return type(instance)(*values)
     return type(instance)(values)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -39,6 +39,10 @@ __all__ = [
 ]
 
 
+@overload
+def _positive_int(value: Any, arg: str, *, allow_none: Literal[False] = ...) -> int: ...
+@overload
+def _positive_int(value: Any, arg: str, *, allow_none: bool) -> int | None: ...
 def _positive_int(value: Any, arg: str, *, allow_none: bool = False) -> int | None:
     """``value`` as a positive ``int`` (``None`` passes where allowed), else ValueError."""
     if value is None and allow_none:

@@ -51,7 +51,8 @@ class _Replica:
         self.local_id = local_id
         self.should_run = threading.Event()
         self.has_paused = threading.Event()
-        self.job: tuple[Any, Callable, tuple, dict] | None = None
+        # (extended, fn, args, kwargs); fn is None once done (references dropped)
+        self.job: tuple[Any, Callable | None, tuple, dict] | None = None
         self.reset()
         self.thread = threading.Thread(
             target=self._main, name=f"hpcdist-replica-{local_id}", daemon=True
@@ -72,7 +73,9 @@ class _Replica:
             self.should_run.clear()
             if self.job is None:
                 return  # the runner was collected
-            self._run_job(*self.job)
+            extended, fn, args, kwargs = self.job
+            assert fn is not None  # should_run is set with a new job
+            self._run_job(extended, fn, args, kwargs)
 
     def _run_job(self, extended: Any, fn: Callable, args: tuple, kwargs: dict) -> None:
         try:
@@ -172,7 +175,8 @@ class Runner:
             failed = [t for t in threads if t.error is not None]
             if failed:
                 error, failed[0].error = failed[0].error, None
-                raise error  # type: ignore[misc]
+                assert error is not None  # failed: its error is set
+                raise error
             if streams is not None:
                 streams.hand_off_all()  # the replicas' work so far, before this thread's
             if all(t.done for t in threads):
@@ -194,6 +198,7 @@ class Runner:
                 "merge_call (all_reduce, all_gather, a variable update): every replica must "
                 "make the same collective calls in the same order"
             )
+        # every thread here waits in a merge_call: its merge is set
         calls = [_describe(t.merge) for t in threads]  # type: ignore[arg-type]
         if len(set(calls)) > 1:
             described = "; ".join(
@@ -206,6 +211,7 @@ class Runner:
             )
 
     def _do_merge(self, threads: list[_Replica]) -> None:
+        # (the ignores below: every thread waits in a merge_call, so its merge is set)
         merge_fn, _, _, wrap_all, _ = threads[0].merge  # type: ignore[misc]
         args = regroup([t.merge[1] for t in threads], always_wrap=wrap_all)  # type: ignore[index]
         kwargs = regroup([t.merge[2] for t in threads], always_wrap=wrap_all)  # type: ignore[index]

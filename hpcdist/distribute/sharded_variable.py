@@ -364,15 +364,33 @@ class ShardedVariable(NDArrayOperatorsMixin):
             getattr(shard, method)(piece)
         return self if read_value else None
 
-    def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value=True):
+    def assign(
+        self,
+        value: Any,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> ShardedVariable | None:
         """Set the full value (split along axis 0 over the shards); returns the variable."""
         return self._write("assign", value, read_value)
 
-    def assign_add(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
+    def assign_add(
+        self,
+        delta: Any,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> ShardedVariable | None:
         """Add ``delta`` (full shape) shard by shard; returns the variable."""
         return self._write("assign_add", delta, read_value)
 
-    def assign_sub(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
+    def assign_sub(
+        self,
+        delta: Any,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> ShardedVariable | None:
         """Subtract ``delta`` (full shape) shard by shard; returns the variable."""
         return self._write("assign_sub", delta, read_value)
 

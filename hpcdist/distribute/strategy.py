@@ -19,12 +19,16 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcdist.arrays import array_module, as_result, asarray
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
 from hpcdist.distribute.values import PerReplica, import_values, local_results
+
+if TYPE_CHECKING:
+    from hpcdist.cluster.base import ClusterResolver
+    from hpcdist.distribute.extended import StrategyExtended
 
 
 def mixing_error(current: Any, called: Any) -> RuntimeError:
@@ -102,7 +106,7 @@ class Strategy:
 
     # -- properties -----------------------------------------------------------------
     @property
-    def extended(self) -> Any:
+    def extended(self) -> StrategyExtended:
         """The :class:`StrategyExtended` with the lower-level API."""
         return self._extended
 
@@ -112,7 +116,7 @@ class Strategy:
         return self._extended._num_replicas_in_sync
 
     @property
-    def cluster_resolver(self) -> Any:
+    def cluster_resolver(self) -> ClusterResolver | None:
         """The cluster resolver of a multi-worker strategy, else ``None``."""
         return getattr(self._extended, "_cluster_resolver", None)
 
@@ -157,7 +161,13 @@ class Strategy:
         require_cross_replica(self, "strategy.run")
         return self._extended.call_for_each_replica(fn, tuple(args), dict(kwargs or {}))
 
-    def experimental_run_v2(self, fn: Callable[..., Any], args=(), kwargs=None, options=None):
+    def experimental_run_v2(
+        self,
+        fn: Callable[..., Any],
+        args: tuple | list = (),
+        kwargs: dict | None = None,
+        options: Any = None,
+    ) -> Any:
         """The old name of :meth:`run`."""
         return self.run(fn, args=args, kwargs=kwargs, options=options)
 
@@ -253,7 +263,9 @@ class Strategy:
 
         return distribute_dataset(dataset, options=options, **self._input_args())
 
-    def distribute_datasets_from_function(self, dataset_fn: Callable[[Any], Any], options=None):
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[Any], Any], options: Any = None
+    ) -> Any:
         """Call ``dataset_fn(InputContext)`` once per worker; it returns per-replica batches.
 
         Example: ``strategy.distribute_datasets_from_function(lambda ctx:
@@ -274,7 +286,9 @@ class Strategy:
 
         return Dataset.from_tensor_slices(numpy_input)
 
-    def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[[ValueContext], Any]
+    ) -> Any:
         """A ``PerReplica`` of ``value_fn(ctx)`` for each local replica.
 
         ``ctx`` is a :class:`ValueContext` with ``replica_id_in_sync_group``

@@ -118,6 +118,7 @@ class ReplicaStreams:
             yield
             return
         stream = self.stream(local_id)
+        assert stream is not None  # a GPU replica has a stream
         cp = cupy_module()
         with cp.cuda.Device(device.index), stream:
             yield
@@ -194,6 +195,7 @@ class ReplicaStreams:
             events.append(event)
         for i in ids:
             stream = self.stream(i)
+            assert stream is not None  # ids are GPU replicas
             for event in events:
                 stream.wait_event(event)
 
@@ -316,6 +318,7 @@ class PrefetchCopier:
             offsets.append(total)
             total += -(-a.nbytes // _ALIGN) * _ALIGN
         slot = self._slot(replica, total)
+        assert slot.buffer is not None  # _slot gives a slot with a large enough buffer
         cp, rt = self._cp, self._rt
         stream = self._copy_stream(gpu)
         with cp.cuda.Device(gpu):

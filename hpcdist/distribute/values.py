@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from hpcdist.arrays import export_like, import_array, is_foreign
 from hpcdist.distribute import nest
@@ -55,7 +55,7 @@ class DistributedValues:
             "strategy.experimental_local_results(value) or strategy.reduce/gather"
         )
 
-    def __iter__(self):
+    def __iter__(self) -> NoReturn:
         raise TypeError(
             f"{type(self).__name__} is not iterable; use "
             "strategy.experimental_local_results(value) to get the local values"

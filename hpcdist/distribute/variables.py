@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
@@ -84,7 +84,8 @@ class _VariableMeta(type):
         return super().__call__(*args, **kwargs)
 
 
-class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
+# numpy's stubs declare NDArrayOperatorsMixin with ABCMeta; at run time its metaclass is `type`
+class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):  # type: ignore[metaclass]
     """A named, mutable array (``tf.Variable``); arithmetic works on its value.
 
     Reads return a read-only snapshot: a later assignment does not change it.
@@ -94,6 +95,26 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
 
     _distribute_strategy: Any = None
     _container: Any = None
+    # set by _make (plain variables) or __init__ (distributed ones)
+    _value: Any
+    _name: str
+    _trainable: bool
+    _synchronization: VariableSynchronization
+    _aggregation: VariableAggregation
+    _device: Device | None
+
+    if TYPE_CHECKING:
+        # what ``hd.Variable(...)`` takes: _VariableMeta hands the call to create_variable
+        def __init__(
+            self,
+            initial_value: Any = None,
+            trainable: bool | None = None,
+            name: str | None = None,
+            dtype: Any = None,
+            synchronization: VariableSynchronization | str = ...,
+            aggregation: VariableAggregation | str = ...,
+            shape: Any = None,
+        ) -> None: ...
 
     @classmethod
     def _make(
@@ -102,8 +123,8 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
         *,
         name: str,
         trainable: bool,
-        synchronization,
-        aggregation,
+        synchronization: VariableSynchronization,
+        aggregation: VariableAggregation,
         device: Device | None = None,
         strategy: Any = None,
     ) -> Variable:
@@ -152,7 +173,7 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
         return tuple(self._read().shape)
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> np.dtype:
         """The dtype of the value."""
         return self._read().dtype
 
@@ -267,7 +288,13 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
         self._set(op, value)
         return self if read_value else None
 
-    def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value=True):
+    def assign(
+        self,
+        value: Any,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Variable | None:
         """Set the value; returns the variable (``None`` with ``read_value=False``).
 
         A distributed variable in replica context combines the replicas' values
@@ -275,11 +302,23 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):
         """
         return self._write("assign", value, read_value)
 
-    def assign_add(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
+    def assign_add(
+        self,
+        delta: Any,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Variable | None:
         """Add ``delta`` to the value; returns the variable."""
         return self._write("add", delta, read_value)
 
-    def assign_sub(self, delta: Any, use_locking: Any = None, name: Any = None, read_value=True):
+    def assign_sub(
+        self,
+        delta: Any,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Variable | None:
         """Subtract ``delta`` from the value; returns the variable."""
         return self._write("sub", delta, read_value)
 
@@ -294,8 +333,8 @@ class DistributedVariable(Variable):
         *,
         name: str,
         trainable: bool,
-        synchronization,
-        aggregation,
+        synchronization: VariableSynchronization,
+        aggregation: VariableAggregation,
     ) -> None:
         self._components = tuple(components)
         self._name = name
@@ -313,7 +352,7 @@ class DistributedVariable(Variable):
         return self._components
 
     @property
-    def _devices(self) -> tuple[Device, ...]:
+    def _devices(self) -> tuple[Device | None, ...]:
         return tuple(c._device for c in self._components)
 
     @property
@@ -331,7 +370,7 @@ class DistributedVariable(Variable):
         return self.primary.shape
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> np.dtype:
         return self.primary.dtype
 
     @property
@@ -394,7 +433,9 @@ class MirroredVariable(DistributedVariable):
             self._update_each(op, aggregate(strategy, v, agg, self))
 
         key = ("write", id(self), op)
-        context.get_replica_context()._merge(merge, (value,), None, True, key)
+        replica = context.get_replica_context()
+        assert replica is not None  # a local replica id means a replica context
+        replica._merge(merge, (value,), None, True, key)
         return self if read_value else None
 
 

@@ -12,6 +12,8 @@ Example: ``_pointer(addr, np.dtype(np.float32))`` inside ``@njit`` code is a
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
+from typing import Any
 
 from llvmlite import binding, ir
 from numba import types
@@ -22,6 +24,9 @@ from numba.core.extending import intrinsic
 # Numba's on-disk cache writes object code through LLVM's streamer, which
 # aborts on inline asm (the spin-wait hint) unless the asm parser is set up.
 binding.initialize_native_asmparser()
+
+# An intrinsic's code generator: (target context, IR builder, signature, argument values).
+_Codegen = Callable[[Any, Any, Any, Any], Any]
 
 
 def storage_type(scalar: types.Type) -> types.Type:
@@ -42,25 +47,31 @@ def _scalar_of(dt: types.Type) -> types.Type:
 
 
 @intrinsic
-def _pointer(typingctx, addr, dt):
+def _pointer(typingctx: Any, addr: types.Type, dt: types.Type) -> tuple[Any, _Codegen]:
     """``addr`` (an integer) as a pointer to ``dt``'s storage type."""
     if not isinstance(addr, types.Integer):
         raise TypingError(f"expected an integer address, found {addr}")
     ptrty = types.CPointer(storage_type(_scalar_of(dt)))
     sig = ptrty(types.int64, dt)
 
-    def codegen(context, builder, signature, args):
+    def codegen(
+        context: Any, builder: ir.IRBuilder, signature: Any, args: list[ir.Value]
+    ) -> ir.Value:
         return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
 
     return sig, codegen
 
 
 @intrinsic
-def _memcpy(typingctx, dst, src, nbytes):
+def _memcpy(
+    typingctx: Any, dst: types.Type, src: types.Type, nbytes: types.Type
+) -> tuple[Any, _Codegen]:
     """``memcpy(dst, src, nbytes)`` for integer addresses (the regions must not overlap)."""
     sig = types.void(types.int64, types.int64, types.int64)
 
-    def codegen(context, builder, signature, args):
+    def codegen(
+        context: Any, builder: ir.IRBuilder, signature: Any, args: list[ir.Value]
+    ) -> ir.Value:
         bytep = context.get_value_type(types.CPointer(types.uint8))
         d = builder.inttoptr(args[0], bytep)
         s = builder.inttoptr(args[1], bytep)
@@ -71,22 +82,26 @@ def _memcpy(typingctx, dst, src, nbytes):
 
 
 @intrinsic
-def _f32_from_bits(typingctx, bits):
+def _f32_from_bits(typingctx: Any, bits: types.Type) -> tuple[Any, _Codegen]:
     """The ``float32`` whose bit pattern is the low 32 bits of ``bits``."""
     sig = types.float32(types.uint32)
 
-    def codegen(context, builder, signature, args):
+    def codegen(
+        context: Any, builder: ir.IRBuilder, signature: Any, args: list[ir.Value]
+    ) -> ir.Value:
         return builder.bitcast(args[0], ir.FloatType())
 
     return sig, codegen
 
 
 @intrinsic
-def _f32_bits(typingctx, value):
+def _f32_bits(typingctx: Any, value: types.Type) -> tuple[Any, _Codegen]:
     """The bit pattern of a ``float32`` as ``uint32``."""
     sig = types.uint32(types.float32)
 
-    def codegen(context, builder, signature, args):
+    def codegen(
+        context: Any, builder: ir.IRBuilder, signature: Any, args: list[ir.Value]
+    ) -> ir.Value:
         return builder.bitcast(args[0], ir.IntType(32))
 
     return sig, codegen
@@ -98,12 +113,14 @@ def _check_flags(arr: types.Type) -> None:
 
 
 @intrinsic
-def _load_acquire(typingctx, flags, index):
+def _load_acquire(typingctx: Any, flags: types.Type, index: types.Type) -> tuple[Any, _Codegen]:
     """``flags[index]`` read with an atomic acquire load (no bounds check)."""
     _check_flags(flags)
     sig = types.int64(flags, types.intp)
 
-    def codegen(context, builder, signature, args):
+    def codegen(
+        context: Any, builder: ir.IRBuilder, signature: Any, args: list[ir.Value]
+    ) -> ir.Value:
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
@@ -113,12 +130,16 @@ def _load_acquire(typingctx, flags, index):
 
 
 @intrinsic
-def _store_release(typingctx, flags, index, value):
+def _store_release(
+    typingctx: Any, flags: types.Type, index: types.Type, value: types.Type
+) -> tuple[Any, _Codegen]:
     """``flags[index] = value`` with an atomic release store (no bounds check)."""
     _check_flags(flags)
     sig = types.void(flags, types.intp, types.int64)
 
-    def codegen(context, builder, signature, args):
+    def codegen(
+        context: Any, builder: ir.IRBuilder, signature: Any, args: list[ir.Value]
+    ) -> ir.Value:
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
@@ -138,11 +159,13 @@ else:
 
 
 @intrinsic
-def _cpu_pause(typingctx):
+def _cpu_pause(typingctx: Any) -> tuple[Any, _Codegen]:
     """A spin-wait hint (x86 ``pause``, ARM ``yield``), nothing elsewhere."""
     sig = types.void()
 
-    def codegen(context, builder, signature, args):
+    def codegen(
+        context: Any, builder: ir.IRBuilder, signature: Any, args: list[ir.Value]
+    ) -> ir.Value:
         if _PAUSE_ASM is not None:
             fnty = ir.FunctionType(ir.VoidType(), [])
             builder.asm(fnty, _PAUSE_ASM, "~{memory}", [], True)
@@ -160,7 +183,7 @@ def accumulator_type(scalar: types.Type) -> types.Type:
 
 
 @intrinsic
-def _stack_block(typingctx, size, dt):
+def _stack_block(typingctx: Any, size: types.Type, dt: types.Type) -> tuple[Any, _Codegen]:
     """A pointer to ``size`` (a compile-time constant) accumulator slots on the stack."""
     if not isinstance(size, types.IntegerLiteral):
         raise TypingError(f"expected a constant block size, found {size}")
@@ -168,7 +191,9 @@ def _stack_block(typingctx, size, dt):
     ptrty = types.CPointer(accumulator_type(_scalar_of(dt)))
     sig = ptrty(size, dt)
 
-    def codegen(context, builder, signature, args):
+    def codegen(
+        context: Any, builder: ir.IRBuilder, signature: Any, args: list[ir.Value]
+    ) -> ir.Value:
         elem = context.get_data_type(ptrty.dtype)
         return cgutils.alloca_once(builder, elem, size=n)
 

@@ -31,6 +31,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numba
 import numpy as np
 from numba import njit, types
@@ -56,50 +59,58 @@ _SUPPORTED_CHARS = frozenset("efdbhilqBHILQ")  # float16/32/64, (u)int8/16/32/64
 # Plain functions whose @overload picks an implementation per dtype when compiled.
 # ``dt`` is a dtype (``arr.dtype``) or ``np.float16``, which stands for float16
 # data held in uint16 arrays (Numba has no float16 arrays on the CPU).
+# The @overload functions and their implementations carry type comments, not annotations:
+# Numba requires both to have equal signatures, annotations included.
+_Impl = Callable[..., Any]  # an implementation: a Python function Numba compiles
 
 
 def _scalar(dt: types.Type) -> types.Type:
     return dt.dtype if isinstance(dt, (types.DType, types.NumberClass)) else dt
 
 
-def _widen(x, dt):
+def _widen(x: float, dt: np.dtype | type[np.float16]) -> float:
     raise NotImplementedError
 
 
 @overload(_widen)
 def _widen_impl(x, dt):
+    # type: (types.Type, types.Type) -> _Impl
     # half bits (uint16 under a float16 dtype) become float32; anything else stays
     if _scalar(dt) == types.float16 and x == types.uint16:
         return lambda x, dt: half_to_float(x)
     return lambda x, dt: x
 
 
-def _put(o, j, v, dt):
+def _put(o: np.ndarray, j: int, v: float, dt: np.dtype | type[np.float16]) -> None:
     raise NotImplementedError
 
 
 @overload(_put)
 def _put_impl(o, j, v, dt):
+    # type: (types.Type, types.Type, types.Type, types.Type) -> _Impl
     # o[j] = v, rounded to half bits when o holds float16 data
     if _scalar(dt) == types.float16 and o.dtype == types.uint16:
 
         def put_half(o, j, v, dt):
+            # type: (np.ndarray, int, float, np.dtype) -> None
             o[j] = float_to_half(np.float32(v))
 
         return put_half
 
     def put(o, j, v, dt):
+        # type: (np.ndarray, int, float, np.dtype) -> None
         o[j] = v
 
     return put
 
 
-def _divide(v, d, dt):
+def _divide(v: float, d: int, dt: np.dtype | type[np.float16]) -> float:
     raise NotImplementedError
 
 
 @overload(_divide)
 def _divide_impl(v, d, dt):
+    # type: (types.Type, types.Type, types.Type) -> _Impl
     s = _scalar(dt)
     if s in (types.float16, types.float32):
         return lambda v, d, dt: np.float32(v) / np.float32(d)
@@ -112,7 +123,7 @@ def _divide_impl(v, d, dt):
 
 
 @njit(**_JIT)
-def _bad_entry(size, nbytes, offsets):
+def _bad_entry(size: int, nbytes: np.ndarray, offsets: np.ndarray) -> int:
     """Index of the first entry outside ``[0, size)`` bytes, or -1."""
     for i in range(nbytes.shape[0]):
         n = nbytes[i]
@@ -123,7 +134,7 @@ def _bad_entry(size, nbytes, offsets):
 
 
 @njit(**_JIT)
-def _gather(dst, addrs, nbytes, offsets):
+def _gather(dst: np.ndarray, addrs: np.ndarray, nbytes: np.ndarray, offsets: np.ndarray) -> int:
     bad = _bad_entry(dst.shape[0], nbytes, offsets)
     if bad >= 0:
         return bad
@@ -134,7 +145,7 @@ def _gather(dst, addrs, nbytes, offsets):
 
 
 @njit(**_JIT)
-def _scatter(src, addrs, nbytes, offsets):
+def _scatter(src: np.ndarray, addrs: np.ndarray, nbytes: np.ndarray, offsets: np.ndarray) -> int:
     bad = _bad_entry(src.shape[0], nbytes, offsets)
     if bad >= 0:
         return bad
@@ -144,7 +155,9 @@ def _scatter(src, addrs, nbytes, offsets):
     return -1
 
 
-def _check_table(name: str, buf: np.ndarray, addrs, nbytes, offsets) -> None:
+def _check_table(
+    name: str, buf: np.ndarray, addrs: np.ndarray, nbytes: np.ndarray, offsets: np.ndarray
+) -> None:
     if not (
         isinstance(buf, np.ndarray)
         and buf.ndim == 1
@@ -169,7 +182,7 @@ def _check_table(name: str, buf: np.ndarray, addrs, nbytes, offsets) -> None:
         )
 
 
-def _raise_bad_entry(name: str, i: int, size: int, nbytes, offsets) -> None:
+def _raise_bad_entry(name: str, i: int, size: int, nbytes: np.ndarray, offsets: np.ndarray) -> None:
     o, n = int(offsets[i]), int(nbytes[i])
     raise ValueError(
         f"{name}: tensor {i} spans bytes [{o}, {o + n}) of a flat buffer of {size} bytes; "
@@ -213,12 +226,13 @@ def scatter_bytes(
 # ------------------------------------------------------------------------------ reduce
 
 
-def _token_dtype(token):
+def _token_dtype(token: np.ndarray) -> np.dtype | type[np.float16]:
     raise NotImplementedError
 
 
 @overload(_token_dtype)
 def _token_dtype_impl(token):
+    # type: (types.Type) -> _Impl
     # kernels take a zero-size array whose type names the dtype; a 2-D uint16 one
     # stands for float16 (Numba has no float16 arrays on the CPU)
     if token.ndim == 2:
@@ -237,7 +251,18 @@ _ITEMSIZES = {c: np.dtype(c).itemsize for c in _SUPPORTED_CHARS}
 
 
 @njit(**_JIT)
-def _fold_elementwise(src, row_bytes, col_bytes, nrows, count, dst, out_bytes, op, divisor, token):
+def _fold_elementwise(
+    src: int,
+    row_bytes: int,
+    col_bytes: int,
+    nrows: int,
+    count: int,
+    dst: int,
+    out_bytes: int,
+    op: int,
+    divisor: int,
+    token: np.ndarray,
+) -> None:
     """Any op, any strides, any rows: each element folded over the rows, then written.
 
     Addresses and strides are in bytes; ``dst`` may be exactly one of the rows.
@@ -268,7 +293,17 @@ def _fold_elementwise(src, row_bytes, col_bytes, nrows, count, dst, out_bytes, o
 
 
 @njit(**_JIT)
-def _fold(src, row_bytes, nrows, count, dst, op, divisor, itemsize, token):
+def _fold(
+    src: int,
+    row_bytes: int,
+    nrows: int,
+    count: int,
+    dst: int,
+    op: int,
+    divisor: int,
+    itemsize: int,
+    token: np.ndarray,
+) -> None:
     """SUM or MEAN of ``nrows >= 2`` contiguous rows at ``src`` into ``dst``.
 
     The first two rows go straight into ``dst`` unless ``dst`` is a later row
@@ -316,7 +351,16 @@ def _fold(src, row_bytes, nrows, count, dst, op, divisor, itemsize, token):
 
 
 @njit(**_JIT)
-def _fold_minmax(src, row_bytes, nrows, count, dst, op, itemsize, token):
+def _fold_minmax(
+    src: int,
+    row_bytes: int,
+    nrows: int,
+    count: int,
+    dst: int,
+    op: int,
+    itemsize: int,
+    token: np.ndarray,
+) -> None:
     """MIN or MAX of ``nrows >= 2`` contiguous rows at ``src`` into ``dst``, block by block.
 
     Each block is folded in a stack accumulator and written last, so ``dst``
@@ -357,7 +401,9 @@ def _fold_minmax(src, row_bytes, nrows, count, dst, op, itemsize, token):
 
 
 @njit(**_JIT)
-def _fold_half(src, row_bytes, nrows, count, dst, op, divisor):
+def _fold_half(
+    src: int, row_bytes: int, nrows: int, count: int, dst: int, op: int, divisor: int
+) -> None:
     """:func:`_fold` for float16 bits: each block adds in a float32 accumulator."""
     dt = np.float16
     acc = numba.carray(_stack_block(_BLOCK, dt), _BLOCK)
@@ -383,7 +429,7 @@ def _fold_half(src, row_bytes, nrows, count, dst, op, divisor):
 
 
 @njit(**_JIT)
-def _addresses(a, b):
+def _addresses(a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
     return np.int64(a.ctypes.data), np.int64(b.ctypes.data)
 
 
@@ -504,7 +550,7 @@ def fold_rows(
 
 
 @njit(**_JIT)
-def _scale(base, n, stride, divisor, itemsize, token):
+def _scale(base: int, n: int, stride: int, divisor: int, itemsize: int, token: np.ndarray) -> None:
     dt = _token_dtype(token)
     if stride == itemsize:
         x = numba.carray(_pointer(base, dt), n)
@@ -517,7 +563,7 @@ def _scale(base, n, stride, divisor, itemsize, token):
 
 
 @njit(**_JIT)
-def _address(a):
+def _address(a: np.ndarray) -> int:
     return np.int64(a.ctypes.data)
 
 

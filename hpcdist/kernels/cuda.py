@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,10 +79,12 @@ if simulator_enabled():
         buf = (ctypes.c_char * dtype.itemsize).from_address(int(addr) + int(index) * dtype.itemsize)
         return np.frombuffer(buf, dtype=dtype)
 
-    def _load(addr, index, like):  # a plain function the simulated kernel calls
+    def _load(
+        addr: int, index: int, like: Any
+    ) -> float:  # a plain function the simulated kernel calls
         return _raw_view(addr, index, like)[0]
 
-    def _store(addr, index, value, like):
+    def _store(addr: int, index: int, value: float, like: Any) -> None:
         _raw_view(addr, index, like)[0] = value
 
 else:
@@ -90,11 +92,13 @@ else:
     from numba.cuda.extending import intrinsic
 
     @intrinsic
-    def _load(typingctx, addr, index, like):
+    def _load(
+        typingctx: Any, addr: types.Type, index: types.Type, like: types.Type
+    ) -> tuple[Any, Callable[..., Any]]:
         """``((like.dtype*) addr)[index]``: a load through a raw device address."""
         sig = like.dtype(types.int64, types.int64, like)
 
-        def codegen(context, builder, signature, args):
+        def codegen(context: Any, builder: Any, signature: Any, args: list[Any]) -> Any:
             elem = context.get_data_type(signature.return_type)
             ptr = builder.inttoptr(args[0], elem.as_pointer())
             return builder.load(builder.gep(ptr, [args[1]]))
@@ -102,11 +106,13 @@ else:
         return sig, codegen
 
     @intrinsic
-    def _store(typingctx, addr, index, value, like):
+    def _store(
+        typingctx: Any, addr: types.Type, index: types.Type, value: types.Type, like: types.Type
+    ) -> tuple[Any, Callable[..., Any]]:
         """``((like.dtype*) addr)[index] = value``: a store through a raw device address."""
         sig = types.void(types.int64, types.int64, like.dtype, like)
 
-        def codegen(context, builder, signature, args):
+        def codegen(context: Any, builder: Any, signature: Any, args: list[Any]) -> Any:
             elem = context.get_data_type(signature.args[2])
             ptr = builder.inttoptr(args[0], elem.as_pointer())
             builder.store(args[2], builder.gep(ptr, [args[1]]))
@@ -119,7 +125,7 @@ else:
 
 
 @cuda.jit(device=True)
-def _find_tensor(offsets, j, start):
+def _find_tensor(offsets: Any, j: int, start: int) -> int:
     # the largest t >= start with offsets[t] <= j; zero-size tensors are skipped
     lo = start
     hi = offsets.shape[0] - 1
@@ -133,7 +139,9 @@ def _find_tensor(offsets, j, start):
 
 
 @cuda.jit
-def _pack_kernel(flat, addrs, offsets, total, scale, use_scale):
+def _pack_kernel(
+    flat: Any, addrs: Any, offsets: Any, total: int, scale: float, use_scale: bool
+) -> None:
     t = 0
     for j in range(cuda.grid(1), total, cuda.gridsize(1)):
         t = _find_tensor(offsets, j, t)
@@ -145,7 +153,9 @@ def _pack_kernel(flat, addrs, offsets, total, scale, use_scale):
 
 
 @cuda.jit
-def _unpack_kernel(flat, addrs, offsets, total, scale, use_scale):
+def _unpack_kernel(
+    flat: Any, addrs: Any, offsets: Any, total: int, scale: float, use_scale: bool
+) -> None:
     t = 0
     for j in range(cuda.grid(1), total, cuda.gridsize(1)):
         t = _find_tensor(offsets, j, t)
@@ -156,21 +166,23 @@ def _unpack_kernel(flat, addrs, offsets, total, scale, use_scale):
 
 
 @cuda.jit(device=True)
-def _min(a, b):
+def _min(a: float, b: float) -> float:
     if a != a:
         return a
     return a if a <= b else b
 
 
 @cuda.jit(device=True)
-def _max(a, b):
+def _max(a: float, b: float) -> float:
     if a != a:
         return a
     return a if a >= b else b
 
 
 @cuda.jit
-def _reduce_kernel(slots, lo, count, out, out_lo, op, divisor, zero):
+def _reduce_kernel(
+    slots: Any, lo: int, count: int, out: Any, out_lo: int, op: int, divisor: float, zero: float
+) -> None:
     nrows = slots.shape[0]
     for i in range(cuda.grid(1), count, cuda.gridsize(1)):
         acc = zero + slots[0, lo + i]

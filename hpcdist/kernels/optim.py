@@ -69,7 +69,7 @@ _EMPTY = {d: np.empty(0, d) for d in _DTYPES}
 
 
 @njit(**_JIT)
-def _sgd_in(p, g, lr, decay, zero):
+def _sgd_in(p: np.ndarray, g: np.ndarray, lr: float, decay: float, zero: float) -> None:
     for i in range(p.shape[0]):
         x = p[i]
         if decay != zero:
@@ -78,7 +78,9 @@ def _sgd_in(p, g, lr, decay, zero):
 
 
 @njit(**_JIT)
-def _sgd_out(p_in, p_out, g, lr, decay, zero):
+def _sgd_out(
+    p_in: np.ndarray, p_out: np.ndarray, g: np.ndarray, lr: float, decay: float, zero: float
+) -> None:
     for i in range(p_in.shape[0]):
         x = p_in[i]
         if decay != zero:
@@ -87,7 +89,16 @@ def _sgd_out(p_in, p_out, g, lr, decay, zero):
 
 
 @njit(**_JIT)
-def _momentum_in(p, g, vel, lr, mom, decay, nesterov, zero):
+def _momentum_in(
+    p: np.ndarray,
+    g: np.ndarray,
+    vel: np.ndarray,
+    lr: float,
+    mom: float,
+    decay: float,
+    nesterov: bool,
+    zero: float,
+) -> None:
     for i in range(p.shape[0]):
         x = p[i]
         if decay != zero:
@@ -99,7 +110,17 @@ def _momentum_in(p, g, vel, lr, mom, decay, nesterov, zero):
 
 
 @njit(**_JIT)
-def _momentum_out(p_in, p_out, g, vel, lr, mom, decay, nesterov, zero):
+def _momentum_out(
+    p_in: np.ndarray,
+    p_out: np.ndarray,
+    g: np.ndarray,
+    vel: np.ndarray,
+    lr: float,
+    mom: float,
+    decay: float,
+    nesterov: bool,
+    zero: float,
+) -> None:
     for i in range(p_in.shape[0]):
         x = p_in[i]
         if decay != zero:
@@ -111,7 +132,20 @@ def _momentum_out(p_in, p_out, g, vel, lr, mom, decay, nesterov, zero):
 
 
 @njit(**_JIT)
-def _adam_in(p, g, m, v, vhat, amsgrad, lr_t, c1, c2, eps, decay, zero):
+def _adam_in(
+    p: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    vhat: np.ndarray,
+    amsgrad: bool,
+    lr_t: float,
+    c1: float,
+    c2: float,
+    eps: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(p.shape[0]):
         x = p[i]
         if decay != zero:
@@ -130,7 +164,21 @@ def _adam_in(p, g, m, v, vhat, amsgrad, lr_t, c1, c2, eps, decay, zero):
 
 
 @njit(**_JIT)
-def _adam_out(p_in, p_out, g, m, v, vhat, amsgrad, lr_t, c1, c2, eps, decay, zero):
+def _adam_out(
+    p_in: np.ndarray,
+    p_out: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    vhat: np.ndarray,
+    amsgrad: bool,
+    lr_t: float,
+    c1: float,
+    c2: float,
+    eps: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(p_in.shape[0]):
         x = p_in[i]
         if decay != zero:
@@ -149,7 +197,22 @@ def _adam_out(p_in, p_out, g, m, v, vhat, amsgrad, lr_t, c1, c2, eps, decay, zer
 
 
 @njit(**_JIT)
-def _rmsprop_in(p, g, vel, avg, mom, centered, use_mom, lr, rho, c, momentum, eps, decay, zero):
+def _rmsprop_in(
+    p: np.ndarray,
+    g: np.ndarray,
+    vel: np.ndarray,
+    avg: np.ndarray,
+    mom: np.ndarray,
+    centered: bool,
+    use_mom: bool,
+    lr: float,
+    rho: float,
+    c: float,
+    momentum: float,
+    eps: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(p.shape[0]):
         x = p[i]
         if decay != zero:
@@ -172,8 +235,22 @@ def _rmsprop_in(p, g, vel, avg, mom, centered, use_mom, lr, rho, c, momentum, ep
 
 @njit(**_JIT)
 def _rmsprop_out(
-    p_in, p_out, g, vel, avg, mom, centered, use_mom, lr, rho, c, momentum, eps, decay, zero
-):
+    p_in: np.ndarray,
+    p_out: np.ndarray,
+    g: np.ndarray,
+    vel: np.ndarray,
+    avg: np.ndarray,
+    mom: np.ndarray,
+    centered: bool,
+    use_mom: bool,
+    lr: float,
+    rho: float,
+    c: float,
+    momentum: float,
+    eps: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(p_in.shape[0]):
         x = p_in[i]
         if decay != zero:
@@ -195,7 +272,9 @@ def _rmsprop_out(
 
 
 @njit(**_JIT)
-def _adagrad_in(p, g, acc, lr, eps, decay, zero):
+def _adagrad_in(
+    p: np.ndarray, g: np.ndarray, acc: np.ndarray, lr: float, eps: float, decay: float, zero: float
+) -> None:
     for i in range(p.shape[0]):
         x = p[i]
         if decay != zero:
@@ -207,7 +286,16 @@ def _adagrad_in(p, g, acc, lr, eps, decay, zero):
 
 
 @njit(**_JIT)
-def _adagrad_out(p_in, p_out, g, acc, lr, eps, decay, zero):
+def _adagrad_out(
+    p_in: np.ndarray,
+    p_out: np.ndarray,
+    g: np.ndarray,
+    acc: np.ndarray,
+    lr: float,
+    eps: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(p_in.shape[0]):
         x = p_in[i]
         if decay != zero:
@@ -219,7 +307,21 @@ def _adagrad_out(p_in, p_out, g, acc, lr, eps, decay, zero):
 
 
 @njit(**_JIT)
-def _nadam_in(p, g, m, v, lr, c1, c2, eps, c_m, c_g, c_v, decay, zero):
+def _nadam_in(
+    p: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    lr: float,
+    c1: float,
+    c2: float,
+    eps: float,
+    c_m: float,
+    c_g: float,
+    c_v: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(p.shape[0]):
         x = p[i]
         if decay != zero:
@@ -236,7 +338,22 @@ def _nadam_in(p, g, m, v, lr, c1, c2, eps, c_m, c_g, c_v, decay, zero):
 
 
 @njit(**_JIT)
-def _nadam_out(p_in, p_out, g, m, v, lr, c1, c2, eps, c_m, c_g, c_v, decay, zero):
+def _nadam_out(
+    p_in: np.ndarray,
+    p_out: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    lr: float,
+    c1: float,
+    c2: float,
+    eps: float,
+    c_m: float,
+    c_g: float,
+    c_v: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(p_in.shape[0]):
         x = p_in[i]
         if decay != zero:
@@ -253,7 +370,7 @@ def _nadam_out(p_in, p_out, g, m, v, lr, c1, c2, eps, c_m, c_g, c_v, decay, zero
 
 
 @njit(**_JIT)
-def _sum_squares(g):
+def _sum_squares(g: np.ndarray) -> float:
     # four partial sums (a fixed order: deterministic) keep the adds pipelined
     a0 = 0.0
     a1 = 0.0
@@ -277,13 +394,13 @@ def _sum_squares(g):
 
 
 @njit(**_JIT)
-def _scale(g, c):
+def _scale(g: np.ndarray, c: float) -> None:
     for i in range(g.shape[0]):
         g[i] = g[i] * c
 
 
 @njit(**_JIT)
-def _clip_values(g, c):
+def _clip_values(g: np.ndarray, c: float) -> None:
     lo = -c
     for i in range(g.shape[0]):
         x = g[i]
@@ -477,7 +594,9 @@ def rmsprop(
         _rmsprop_out(p_in, p_out, g, vel, avg, mom, *flags, *consts)
 
 
-def adagrad(p_in: np.ndarray, p_out: np.ndarray, g: np.ndarray, acc: np.ndarray, hyper: Any):
+def adagrad(
+    p_in: np.ndarray, p_out: np.ndarray, g: np.ndarray, acc: np.ndarray, hyper: Any
+) -> None:
     """Adagrad: ``acc += g^2; p -= lr * g / sqrt(acc + epsilon)``, decoupled weight decay first.
 
     ``hyper = [lr, epsilon, wd]``. ``acc`` is updated in place.

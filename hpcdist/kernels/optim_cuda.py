@@ -47,7 +47,7 @@ _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @cuda.jit
-def _sgd_kernel(p_in, p_out, g, lr, decay, zero):
+def _sgd_kernel(p_in: Any, p_out: Any, g: Any, lr: float, decay: float, zero: float) -> None:
     for i in range(cuda.grid(1), p_in.shape[0], cuda.gridsize(1)):
         p = p_in[i]
         if decay != zero:
@@ -56,7 +56,17 @@ def _sgd_kernel(p_in, p_out, g, lr, decay, zero):
 
 
 @cuda.jit
-def _momentum_kernel(p_in, p_out, g, vel, lr, mom, decay, nesterov, zero):
+def _momentum_kernel(
+    p_in: Any,
+    p_out: Any,
+    g: Any,
+    vel: Any,
+    lr: float,
+    mom: float,
+    decay: float,
+    nesterov: bool,
+    zero: float,
+) -> None:
     for i in range(cuda.grid(1), p_in.shape[0], cuda.gridsize(1)):
         p = p_in[i]
         if decay != zero:
@@ -71,7 +81,21 @@ def _momentum_kernel(p_in, p_out, g, vel, lr, mom, decay, nesterov, zero):
 
 
 @cuda.jit
-def _adam_kernel(p_in, p_out, g, m, v, vhat, amsgrad, lr_t, c1, c2, eps, decay, zero):
+def _adam_kernel(
+    p_in: Any,
+    p_out: Any,
+    g: Any,
+    m: Any,
+    v: Any,
+    vhat: Any,
+    amsgrad: bool,
+    lr_t: float,
+    c1: float,
+    c2: float,
+    eps: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(cuda.grid(1), p_in.shape[0], cuda.gridsize(1)):
         p = p_in[i]
         if decay != zero:
@@ -91,8 +115,22 @@ def _adam_kernel(p_in, p_out, g, m, v, vhat, amsgrad, lr_t, c1, c2, eps, decay, 
 
 @cuda.jit
 def _rmsprop_kernel(
-    p_in, p_out, g, vel, avg, mom, centered, use_momentum, lr, rho, c, momentum, eps, decay, zero
-):
+    p_in: Any,
+    p_out: Any,
+    g: Any,
+    vel: Any,
+    avg: Any,
+    mom: Any,
+    centered: bool,
+    use_momentum: bool,
+    lr: float,
+    rho: float,
+    c: float,
+    momentum: float,
+    eps: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(cuda.grid(1), p_in.shape[0], cuda.gridsize(1)):
         p = p_in[i]
         if decay != zero:
@@ -116,7 +154,9 @@ def _rmsprop_kernel(
 
 
 @cuda.jit
-def _adagrad_kernel(p_in, p_out, g, acc, lr, eps, decay, zero):
+def _adagrad_kernel(
+    p_in: Any, p_out: Any, g: Any, acc: Any, lr: float, eps: float, decay: float, zero: float
+) -> None:
     for i in range(cuda.grid(1), p_in.shape[0], cuda.gridsize(1)):
         p = p_in[i]
         if decay != zero:
@@ -128,7 +168,22 @@ def _adagrad_kernel(p_in, p_out, g, acc, lr, eps, decay, zero):
 
 
 @cuda.jit
-def _nadam_kernel(p_in, p_out, g, m, v, lr, c1, c2, eps, c_m, c_g, c_v, decay, zero):
+def _nadam_kernel(
+    p_in: Any,
+    p_out: Any,
+    g: Any,
+    m: Any,
+    v: Any,
+    lr: float,
+    c1: float,
+    c2: float,
+    eps: float,
+    c_m: float,
+    c_g: float,
+    c_v: float,
+    decay: float,
+    zero: float,
+) -> None:
     for i in range(cuda.grid(1), p_in.shape[0], cuda.gridsize(1)):
         p = p_in[i]
         if decay != zero:
@@ -145,7 +200,7 @@ def _nadam_kernel(p_in, p_out, g, m, v, lr, c1, c2, eps, c_m, c_g, c_v, decay, z
 
 
 @cuda.jit
-def _sum_squares_kernel(g, out):
+def _sum_squares_kernel(g: Any, out: Any) -> None:
     acc = 0.0
     for i in range(cuda.grid(1), g.shape[0], cuda.gridsize(1)):
         x = np.float64(g[i])
@@ -154,13 +209,13 @@ def _sum_squares_kernel(g, out):
 
 
 @cuda.jit
-def _scale_kernel(g, c):
+def _scale_kernel(g: Any, c: float) -> None:
     for i in range(cuda.grid(1), g.shape[0], cuda.gridsize(1)):
         g[i] = g[i] * c
 
 
 @cuda.jit
-def _clip_kernel(g, c):
+def _clip_kernel(g: Any, c: float) -> None:
     lo = -c
     for i in range(cuda.grid(1), g.shape[0], cuda.gridsize(1)):
         x = g[i]

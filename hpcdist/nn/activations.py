@@ -292,7 +292,7 @@ def get(identifier: str | ActivationFunction | None) -> ActivationFunction:
     if callable(getattr(identifier, "forward", None)) and callable(
         getattr(identifier, "backward", None)
     ):
-        return identifier  # type: ignore[return-value]
+        return identifier
     raise TypeError(
         f"activation is {identifier!r}; expected a name such as 'relu', None, or an object with "
         "forward(x) -> (y, cache) and backward(cache, dy) -> dx (hpcdist.nn.activations."

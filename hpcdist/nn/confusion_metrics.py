@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, to_host
 from hpcdist.nn import backend
@@ -82,6 +83,7 @@ def confusion_counts(
     if class_id is not None:
         t, p = t[..., class_id], p[..., class_id]
     t = t.astype(bool)
+    w: Any  # a NumPy or CuPy array
     if sample_weight is None:
         w = xp.ones(p.shape, np.float64)
     else:
@@ -120,7 +122,7 @@ class _ThresholdMetric(Metric):
         top_k: int | None = None,
         class_id: int | None = None,
         name: str | None = None,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
     ) -> None:
         super().__init__(name=name, dtype=dtype)
         self.init_thresholds = thresholds
@@ -164,7 +166,7 @@ class Precision(_ThresholdMetric):
 
     def __init__(self, thresholds: Any = None, top_k: int | None = None,
                  class_id: int | None = None, name: str = "precision",
-                 dtype: Any = None) -> None:  # fmt: skip
+                 dtype: DTypeLike | None = None) -> None:  # fmt: skip
         super().__init__(thresholds, top_k, class_id, name, dtype)
 
 
@@ -179,7 +181,7 @@ class Recall(_ThresholdMetric):
 
     def __init__(self, thresholds: Any = None, top_k: int | None = None,
                  class_id: int | None = None, name: str = "recall",
-                 dtype: Any = None) -> None:  # fmt: skip
+                 dtype: DTypeLike | None = None) -> None:  # fmt: skip
         super().__init__(thresholds, top_k, class_id, name, dtype)
 
 
@@ -204,7 +206,7 @@ class AUC(Metric):
         curve: str = "ROC",
         summation_method: str = "interpolation",
         name: str = "auc",
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         thresholds: Any = None,
         multi_label: bool = False,
         from_logits: bool = False,

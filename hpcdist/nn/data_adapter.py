@@ -126,7 +126,7 @@ def as_dataset(
     named = (("x", x), ("y", y), ("sample_weight", sample_weight))
     parts = tuple(_host(lists_to_arrays(p, k)) for k, p in named if p is not None)
     n = _num_rows(parts)
-    ds = Dataset.from_tensor_slices(parts if len(parts) > 1 else parts[0])
+    ds: Dataset = Dataset.from_tensor_slices(parts if len(parts) > 1 else parts[0])
     if shuffle:
         ds = ds.shuffle(max(n, 1), seed=seed, reshuffle_each_iteration=True)
     # The arrays are in every worker's memory already: each worker keeps its part of each

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, asarray, is_cupy, to_host
 from hpcdist.nn import initializers as initializers_mod
@@ -54,10 +55,10 @@ class Embedding(Layer):
         self,
         input_dim: int,
         output_dim: int,
-        embeddings_initializer: Any = "uniform",
-        embeddings_regularizer: Any = None,
+        embeddings_initializer: initializers_mod.InitializerLike = "uniform",
+        embeddings_regularizer: regularizers_mod.RegularizerLike = None,
         input_shape: tuple | None = None,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         name: str | None = None,
         trainable: bool = True,
     ) -> None:

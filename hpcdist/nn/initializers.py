@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.nn import backend
 
@@ -35,7 +36,7 @@ from hpcdist.nn import backend
 _TRUNCATED_STD = 0.87962566103423978
 
 
-def _dtype(dtype: Any) -> np.dtype:
+def _dtype(dtype: DTypeLike | None) -> np.dtype:
     return np.dtype(backend.floatx() if dtype is None else dtype)
 
 
@@ -73,7 +74,7 @@ class Initializer:
     Example: subclass and define ``__call__(self, shape, dtype=None)``.
     """
 
-    def __call__(self, shape: Any, dtype: Any = None) -> np.ndarray:
+    def __call__(self, shape: Any, dtype: DTypeLike | None = None) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} must define __call__(shape, dtype)")
 
     def get_config(self) -> dict[str, Any]:
@@ -96,7 +97,7 @@ class Zeros(Initializer):
     Example: ``Zeros()((2, 3))``.
     """
 
-    def __call__(self, shape: Any, dtype: Any = None) -> np.ndarray:
+    def __call__(self, shape: Any, dtype: DTypeLike | None = None) -> np.ndarray:
         return np.zeros(_shape(shape), dtype=_dtype(dtype))
 
 
@@ -106,7 +107,7 @@ class Ones(Initializer):
     Example: ``Ones()((3,))``.
     """
 
-    def __call__(self, shape: Any, dtype: Any = None) -> np.ndarray:
+    def __call__(self, shape: Any, dtype: DTypeLike | None = None) -> np.ndarray:
         return np.ones(_shape(shape), dtype=_dtype(dtype))
 
 
@@ -119,7 +120,7 @@ class Constant(Initializer):
     def __init__(self, value: float = 0.0) -> None:
         self.value = value
 
-    def __call__(self, shape: Any, dtype: Any = None) -> np.ndarray:
+    def __call__(self, shape: Any, dtype: DTypeLike | None = None) -> np.ndarray:
         return np.full(_shape(shape), self.value, dtype=_dtype(dtype))
 
     def get_config(self) -> dict[str, Any]:
@@ -166,7 +167,7 @@ class RandomNormal(_Random):
         super().__init__(seed)
         self.mean, self.stddev = mean, stddev
 
-    def __call__(self, shape: Any, dtype: Any = None) -> np.ndarray:
+    def __call__(self, shape: Any, dtype: DTypeLike | None = None) -> np.ndarray:
         x = self._normal(_shape(shape)) * self.stddev + self.mean
         return x.astype(_dtype(dtype))
 
@@ -186,7 +187,7 @@ class RandomUniform(_Random):
         super().__init__(seed)
         self.minval, self.maxval = minval, maxval
 
-    def __call__(self, shape: Any, dtype: Any = None) -> np.ndarray:
+    def __call__(self, shape: Any, dtype: DTypeLike | None = None) -> np.ndarray:
         return self._uniform(_shape(shape), self.minval, self.maxval).astype(_dtype(dtype))
 
     def get_config(self) -> dict[str, Any]:
@@ -203,7 +204,7 @@ class TruncatedNormal(_Random):
         super().__init__(seed)
         self.mean, self.stddev = mean, stddev
 
-    def __call__(self, shape: Any, dtype: Any = None) -> np.ndarray:
+    def __call__(self, shape: Any, dtype: DTypeLike | None = None) -> np.ndarray:
         x = self._truncated(_shape(shape)) * self.stddev + self.mean
         return x.astype(_dtype(dtype))
 
@@ -244,7 +245,7 @@ class VarianceScaling(_Random):
             )
         self.scale, self.mode, self.distribution = float(scale), mode, distribution
 
-    def __call__(self, shape: Any, dtype: Any = None) -> np.ndarray:
+    def __call__(self, shape: Any, dtype: DTypeLike | None = None) -> np.ndarray:
         shape = _shape(shape)
         fan_in, fan_out = compute_fans(shape)
         n = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[self.mode]
@@ -375,7 +376,13 @@ _BY_NAME["uniform"] = RandomUniform  # Keras's short names (Embedding's default)
 _BY_NAME["normal"] = RandomNormal
 
 
-def get(identifier: Any) -> Initializer | Callable[..., Any] | None:
+#: What a layer's ``*_initializer`` argument takes (see :func:`get`).
+InitializerLike: TypeAlias = (
+    str | dict[str, Any] | Initializer | type[Initializer] | Callable[..., Any] | None
+)
+
+
+def get(identifier: InitializerLike) -> Initializer | Callable[..., Any] | None:
     """An initializer for a name, a config dict, a class, an instance or a callable.
 
     ``None`` gives ``None``. Names are the snake-case or class names

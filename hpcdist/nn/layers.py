@@ -29,6 +29,7 @@ import threading
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, asarray, is_array, is_cupy, to_host
 from hpcdist.distribute import context
@@ -49,7 +50,7 @@ def snake_case(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
 
 
-def resolve_dtype(dtype: Any) -> str:
+def resolve_dtype(dtype: DTypeLike | None) -> str:
     """The float dtype name of a layer: ``dtype`` or, when ``None``, the current floatx.
 
     Example: ``resolve_dtype(None) == "float32"``; ``resolve_dtype(np.float64) == "float64"``.
@@ -133,7 +134,7 @@ class Layer:
         self,
         trainable: bool = True,
         name: str | None = None,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         input_shape: tuple | None = None,
     ) -> None:
         if name is not None and (not isinstance(name, str) or not name):
@@ -210,13 +211,13 @@ class Layer:
         self,
         name: str,
         shape: tuple,
-        initializer: Any = "zeros",
+        initializer: initializers_mod.InitializerLike = "zeros",
         trainable: bool = True,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         *,
         synchronization: VariableSynchronization | str = VariableSynchronization.AUTO,
         aggregation: VariableAggregation | str = VariableAggregation.NONE,
-        regularizer: Any = None,
+        regularizer: regularizers_mod.RegularizerLike = None,
     ) -> Variable:
         """Create a weight ``"<layer name>/<name>"`` in the current strategy scope.
 
@@ -282,8 +283,13 @@ class Layer:
         """``(dx, grads)`` from a forward ``cache`` and the output gradient ``dy``."""
         raise NotImplementedError(f"{type(self).__name__} must define backward(cache, dy)")
 
-    def _backward(self, cache: Any, dy: Any, need_dx: bool) -> tuple[Any, list[Any]]:
-        """``backward``; layers that can skip computing ``dx`` when not needed override it."""
+    def _backward(
+        self, cache: Any, dy: Any, need_dx: bool, out: list[Any] | None = None
+    ) -> tuple[Any, list[Any]]:
+        """``backward``; layers that can skip computing ``dx`` when not needed override it.
+
+        ``out``: arrays to write the gradients into, used by layers with ``_grads_into``.
+        """
         return self.backward(cache, dy)
 
     def __call__(self, x: Any, training: bool = False) -> Any:
@@ -346,13 +352,14 @@ class InputLayer(Layer):
         self,
         input_shape: tuple | None = None,
         batch_size: int | None = None,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         name: str | None = None,
     ) -> None:
         if input_shape is None:
             raise ValueError("InputLayer needs input_shape, e.g. InputLayer((10,))")
         super().__init__(name=name, dtype=dtype, input_shape=input_shape)
         if batch_size is not None:
+            assert self._batch_input_shape is not None  # set from input_shape
             self._batch_input_shape = (int(batch_size), *self._batch_input_shape[1:])
         self.built = True
 
@@ -384,16 +391,16 @@ class Dense(Layer):
     def __init__(
         self,
         units: int,
-        activation: Any = None,
+        activation: str | activations_mod.ActivationFunction | None = None,
         use_bias: bool = True,
-        kernel_initializer: Any = "glorot_uniform",
-        bias_initializer: Any = "zeros",
+        kernel_initializer: initializers_mod.InitializerLike = "glorot_uniform",
+        bias_initializer: initializers_mod.InitializerLike = "zeros",
         input_shape: tuple | None = None,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         name: str | None = None,
         trainable: bool = True,
-        kernel_regularizer: Any = None,
-        bias_regularizer: Any = None,
+        kernel_regularizer: regularizers_mod.RegularizerLike = None,
+        bias_regularizer: regularizers_mod.RegularizerLike = None,
     ) -> None:
         super().__init__(trainable=trainable, name=name, dtype=dtype, input_shape=input_shape)
         self.kernel_regularizer = regularizers_mod.get(kernel_regularizer)
@@ -496,7 +503,9 @@ class Activation(Layer):
         array([0., 1.], dtype=float32)
     """
 
-    def __init__(self, activation: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, activation: str | activations_mod.ActivationFunction | None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.activation = activations_mod.get(activation)
         self.built = True
@@ -598,7 +607,7 @@ class Dropout(Layer):
 def Input(  # noqa: N802 - Keras's name
     shape: tuple | None = None,
     batch_size: int | None = None,
-    dtype: Any = None,
+    dtype: DTypeLike | None = None,
     name: str | None = None,
 ) -> InputLayer:
     """The input of a model (``keras.Input``): an :class:`InputLayer` of ``shape`` (no batch).

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, asarray, is_cupy, to_host
 from hpcdist.collectives.ops import ReduceOp
@@ -97,7 +98,7 @@ class Metric:
     Example: ``m = Mean(); m(np.array([1.0, 3.0]))`` gives ``2.0``.
     """
 
-    def __init__(self, name: str | None = None, dtype: Any = None) -> None:
+    def __init__(self, name: str | None = None, dtype: DTypeLike | None = None) -> None:
         self.name = name or _snake(type(self).__name__)
         self.dtype = np.dtype(dtype or "float64")
         if not np.issubdtype(self.dtype, np.floating):
@@ -205,7 +206,7 @@ class Sum(Metric):
     Example: ``m = Sum(); m.update_state(np.array([1.0, 2.0])); m.result()`` gives ``3.0``.
     """
 
-    def __init__(self, name: str = "sum", dtype: Any = None) -> None:
+    def __init__(self, name: str = "sum", dtype: DTypeLike | None = None) -> None:
         super().__init__(name=name, dtype=dtype)
         self.total = self.add_weight("total")
 
@@ -227,7 +228,7 @@ class Mean(Metric):
     Example: ``m = Mean(); m.update_state(np.array([1.0, 3.0])); m.result()`` gives ``2.0``.
     """
 
-    def __init__(self, name: str = "mean", dtype: Any = None) -> None:
+    def __init__(self, name: str = "mean", dtype: DTypeLike | None = None) -> None:
         super().__init__(name=name, dtype=dtype)
         self.total = self.add_weight("total")
         self.count = self.add_weight("count")
@@ -251,13 +252,22 @@ class MeanMetricWrapper(Mean):
     """
 
     def __init__(
-        self, fn: Callable[..., Any], name: str | None = None, dtype: Any = None, **kwargs: Any
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        dtype: DTypeLike | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(name=name or getattr(fn, "__name__", "mean_metric_wrapper"), dtype=dtype)
+        super().__init__(
+            name=name or str(getattr(fn, "__name__", "mean_metric_wrapper")), dtype=dtype
+        )
         self._fn = fn
         self._fn_kwargs = kwargs
 
-    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+    # Keras's MeanMetricWrapper is a Mean too, updated with (y_true, y_pred)
+    def update_state(  # type: ignore[override]
+        self, y_true: Any, y_pred: Any, sample_weight: Any = None
+    ) -> None:
         """Add the per-example values of ``fn`` for this batch."""
         y_pred = _plain(y_pred)
         y_true = array_module(y_pred).asarray(_plain(y_true))
@@ -387,7 +397,7 @@ class Accuracy(MeanMetricWrapper):
     Example: ``Accuracy()(np.array([1, 2, 3, 4]), np.array([0, 2, 3, 4]))`` gives ``0.75``.
     """
 
-    def __init__(self, name: str = "accuracy", dtype: Any = None) -> None:
+    def __init__(self, name: str = "accuracy", dtype: DTypeLike | None = None) -> None:
         super().__init__(accuracy, name=name, dtype=dtype)
 
 
@@ -397,7 +407,9 @@ class BinaryAccuracy(MeanMetricWrapper):
     Example: ``BinaryAccuracy()(np.array([[1], [0]]), np.array([[0.9], [0.7]]))`` gives ``0.5``.
     """
 
-    def __init__(self, name: str = "binary_accuracy", dtype: Any = None, threshold: float = 0.5):
+    def __init__(
+        self, name: str = "binary_accuracy", dtype: DTypeLike | None = None, threshold: float = 0.5
+    ) -> None:
         super().__init__(binary_accuracy, name=name, dtype=dtype, threshold=threshold)
         self.threshold = threshold
 
@@ -408,7 +420,7 @@ class CategoricalAccuracy(MeanMetricWrapper):
     Example: ``CategoricalAccuracy()(onehot, probs)``.
     """
 
-    def __init__(self, name: str = "categorical_accuracy", dtype: Any = None) -> None:
+    def __init__(self, name: str = "categorical_accuracy", dtype: DTypeLike | None = None) -> None:
         super().__init__(categorical_accuracy, name=name, dtype=dtype)
 
 
@@ -418,7 +430,9 @@ class SparseCategoricalAccuracy(MeanMetricWrapper):
     Example: ``SparseCategoricalAccuracy()(np.array([1]), np.array([[0.2, 0.8]]))`` gives ``1.0``.
     """
 
-    def __init__(self, name: str = "sparse_categorical_accuracy", dtype: Any = None) -> None:
+    def __init__(
+        self, name: str = "sparse_categorical_accuracy", dtype: DTypeLike | None = None
+    ) -> None:
         super().__init__(sparse_categorical_accuracy, name=name, dtype=dtype)
 
 
@@ -429,7 +443,9 @@ class TopKCategoricalAccuracy(MeanMetricWrapper):
     Example: ``TopKCategoricalAccuracy(k=2)(onehot, probs)``.
     """
 
-    def __init__(self, k: int = 5, name: str = "top_k_categorical_accuracy", dtype: Any = None):
+    def __init__(
+        self, k: int = 5, name: str = "top_k_categorical_accuracy", dtype: DTypeLike | None = None
+    ) -> None:
         super().__init__(top_k_categorical_accuracy, name=name, dtype=dtype, k=int(k))
         self.k = int(k)
 
@@ -442,8 +458,11 @@ class SparseTopKCategoricalAccuracy(MeanMetricWrapper):
     """
 
     def __init__(
-        self, k: int = 5, name: str = "sparse_top_k_categorical_accuracy", dtype: Any = None
-    ):
+        self,
+        k: int = 5,
+        name: str = "sparse_top_k_categorical_accuracy",
+        dtype: DTypeLike | None = None,
+    ) -> None:
         super().__init__(sparse_top_k_categorical_accuracy, name=name, dtype=dtype, k=int(k))
         self.k = int(k)
 

@@ -177,7 +177,9 @@ class Model:
 
     # -- building ----------------------------------------------------------------------------
     def _last_shape(self) -> tuple:
-        return self._output_shapes[-1] if self._output_shapes else self._batch_input_shape
+        shape = self._output_shapes[-1] if self._output_shapes else self._batch_input_shape
+        assert shape is not None  # only asked of a built model
+        return shape
 
     def _scope(self) -> Any:
         """The cross-replica context to create weights in: the model's strategy's scope."""
@@ -234,6 +236,7 @@ class Model:
         """The input shape the model was built for, e.g. ``(None, 10)``."""
         if not self.built:
             raise AttributeError(f"model {self.name!r} is not built, so it has no input shape")
+        assert self._batch_input_shape is not None  # build sets it
         return self._batch_input_shape
 
     @property
@@ -501,7 +504,8 @@ class Model:
         path = os.fspath(filepath)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         header = {_FORMAT_KEY: np.array(_FORMAT), _NAMES_KEY: np.array(names, dtype=str)}
-        atomic_write(path, lambda f: np.savez(f, **header, **arrays))
+        payload: dict[str, Any] = {**header, **arrays}  # (arrays: names, not savez's flags)
+        atomic_write(path, lambda f: np.savez(f, **payload))
 
     def load_weights(self, filepath: str | os.PathLike) -> None:
         """Read weights written by :meth:`save_weights` and assign them (every worker).

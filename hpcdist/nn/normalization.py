@@ -31,7 +31,7 @@ import numpy as np
 
 from hpcdist.arrays import array_module
 from hpcdist.distribute import context
-from hpcdist.distribute.variables import VariableAggregation, VariableSynchronization
+from hpcdist.distribute.variables import Variable, VariableAggregation, VariableSynchronization
 from hpcdist.nn import initializers as initializers_mod
 from hpcdist.nn import regularizers as regularizers_mod
 from hpcdist.nn.layers import Layer, _check_shape, cast_input
@@ -74,10 +74,10 @@ class _Normalization(Layer):
         epsilon: float,
         center: bool,
         scale: bool,
-        beta_initializer: Any,
-        gamma_initializer: Any,
-        beta_regularizer: Any,
-        gamma_regularizer: Any,
+        beta_initializer: initializers_mod.InitializerLike,
+        gamma_initializer: initializers_mod.InitializerLike,
+        beta_regularizer: regularizers_mod.RegularizerLike,
+        gamma_regularizer: regularizers_mod.RegularizerLike,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -92,8 +92,8 @@ class _Normalization(Layer):
         self.gamma_initializer = initializers_mod.get(gamma_initializer)
         self.beta_regularizer = regularizers_mod.get(beta_regularizer)
         self.gamma_regularizer = regularizers_mod.get(gamma_regularizer)
-        self.gamma = None
-        self.beta = None
+        self.gamma: Variable | None = None
+        self.beta: Variable | None = None
 
     def _feature_axes(self, input_shape: tuple) -> tuple[int, ...]:
         axes = _resolve(self._axes, len(input_shape), f"{type(self).__name__} {self.name!r}")
@@ -115,7 +115,7 @@ class _Normalization(Layer):
     def _affine_grads(self, dy: Any, xhat: Any, axes: tuple[int, ...], shape: tuple) -> list:
         if not self._trainable:
             return []
-        grads = []
+        grads: list[Any] = []
         if self.gamma is not None:
             grads.append((dy * xhat).sum(axis=axes).reshape(shape))
         if self.beta is not None:
@@ -165,12 +165,12 @@ class BatchNormalization(_Normalization):
         epsilon: float = 1e-3,
         center: bool = True,
         scale: bool = True,
-        beta_initializer: Any = "zeros",
-        gamma_initializer: Any = "ones",
-        moving_mean_initializer: Any = "zeros",
-        moving_variance_initializer: Any = "ones",
-        beta_regularizer: Any = None,
-        gamma_regularizer: Any = None,
+        beta_initializer: initializers_mod.InitializerLike = "zeros",
+        gamma_initializer: initializers_mod.InitializerLike = "ones",
+        moving_mean_initializer: initializers_mod.InitializerLike = "zeros",
+        moving_variance_initializer: initializers_mod.InitializerLike = "ones",
+        beta_regularizer: regularizers_mod.RegularizerLike = None,
+        gamma_regularizer: regularizers_mod.RegularizerLike = None,
         synchronized: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -189,7 +189,7 @@ class BatchNormalization(_Normalization):
         (axis,) = self._feature_axes(input_shape)
         shape = (int(input_shape[axis]),)
         self._make_affine(shape)
-        stats = {
+        stats: dict[str, Any] = {
             "trainable": False,
             "synchronization": VariableSynchronization.ON_READ,
             "aggregation": VariableAggregation.MEAN,
@@ -325,10 +325,10 @@ class LayerNormalization(_Normalization):
         epsilon: float = 1e-3,
         center: bool = True,
         scale: bool = True,
-        beta_initializer: Any = "zeros",
-        gamma_initializer: Any = "ones",
-        beta_regularizer: Any = None,
-        gamma_regularizer: Any = None,
+        beta_initializer: initializers_mod.InitializerLike = "zeros",
+        gamma_initializer: initializers_mod.InitializerLike = "ones",
+        beta_regularizer: regularizers_mod.RegularizerLike = None,
+        gamma_regularizer: regularizers_mod.RegularizerLike = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(axis, epsilon, center, scale, beta_initializer, gamma_initializer,

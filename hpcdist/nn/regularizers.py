@@ -27,7 +27,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -158,7 +158,11 @@ _CLASSES: dict[str, type[Regularizer]] = {"L1": L1, "L2": L2, "L1L2": L1L2}
 _BY_NAME = {"l1": L1, "l2": L2, "l1_l2": lambda: l1_l2(), "l1l2": lambda: l1_l2()}
 
 
-def get(identifier: Any) -> Regularizer | None:
+#: What a layer's ``*_regularizer`` argument takes (see :func:`get`).
+RegularizerLike: TypeAlias = str | dict[str, Any] | Regularizer | None
+
+
+def get(identifier: RegularizerLike) -> Regularizer | None:
     """A regularizer from ``None``, a name (``"l1"``, ``"l2"``, ``"l1_l2"``), a config dict or
     a :class:`Regularizer` (returned as it is).
 

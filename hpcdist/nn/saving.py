@@ -276,7 +276,7 @@ def _optimizer_from_config(config: dict, custom: Mapping[str, Any]) -> Any:
     from hpcdist import optimizers
 
     name = config.get("class_name")
-    if name in custom:
+    if isinstance(name, str) and name in custom:
         return custom[name].from_config(dict(config.get("config") or {}))
     return optimizers.deserialize(config)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from hpcdist.nn import metrics as metrics_mod
 from hpcdist.nn.tape import Traced
 from hpcdist.utils.seeding import next_seed
 
+if TYPE_CHECKING:
+    from hpcdist.distribute.variables import Variable
+
 _MEAN_REDUCTIONS = ("auto", "sum_over_batch_size", "none")
 
 
@@ -44,6 +47,20 @@ class Trainer:
     loss: Any = None
     compiled_metrics: list[Any] = []
     history: Any = None
+
+    if TYPE_CHECKING:  # what the model class Trainer is mixed with (hpcdist.nn.model.Model) has
+        built: bool
+
+        @property
+        def distribute_strategy(self) -> Any: ...
+        @property
+        def output_shape(self) -> tuple: ...
+        @property
+        def trainable_variables(self) -> list[Variable]: ...
+        def build(self, input_shape: Sequence[int | None] | None = None) -> None: ...
+        def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]: ...
+        def backward(self, caches: Any, dy: Any) -> list[Any]: ...
+        def _regularization(self, grads: list[Any] | None, scale: float) -> float: ...
 
     # -- compile ------------------------------------------------------------------------------
     def compile(
@@ -130,7 +147,7 @@ class Trainer:
     def _track(
         self, per_example_sum: Any, n_local: int, n_global: float, denominator: float,
         regularization: float = 0.0,
-    ):  # fmt: skip
+    ) -> None:  # fmt: skip
         # The logged loss is the mean of the steps' losses weighted by their example counts
         # (Keras weights by batch size): each replica adds its share of loss * n_global.
         # The regularization penalty (the same on every replica) is added to each share.
@@ -306,8 +323,8 @@ class Trainer:
                 backup._end()
 
     def _fit_epochs(
-        self, state: FitState, cbs: Any, backup: Any, validation: tuple, validation_freq: int,
-        epochs: range, steps_per_epoch: int | None,
+        self, state: FitState, cbs: Any, backup: Any, validation: tuple[Any, int | None],
+        validation_freq: int, epochs: range, steps_per_epoch: int | None,
     ) -> Any:  # fmt: skip
         """fit's loop. ``state`` says where it is (for ``BackupAndRestore``): a resumed fit
         starts at the saved epoch with its iterator at the saved position (same iteration
@@ -345,7 +362,7 @@ class Trainer:
                 logs.update(self._evaluate_dataset(*validation, prefix="val_"))
             state.end_epoch(epoch, keep_iterator=iterator is not None)
             cbs.on_epoch_end(epoch, logs)
-            if ran_out:
+            if ran_out and steps_per_epoch is not None:  # (ran_out implies a steps_per_epoch)
                 warnings.warn(
                     "your input ran out of data; training stopped. Make sure the dataset can "
                     f"give steps_per_epoch * epochs = {steps_per_epoch * epochs.stop} batches "

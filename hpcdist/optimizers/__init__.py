@@ -45,7 +45,8 @@ __all__ = [
     "serialize",
 ]
 
-_BY_NAME: dict[str, type[Optimizer]] = {
+# (the concrete classes: each can be made with no arguments)
+_BY_NAME: dict[str, type[SGD | Adam | AdamW | RMSprop | Adagrad | Nadam]] = {
     "sgd": SGD,
     "adam": Adam,
     "adamw": AdamW,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.optimizers.adam import _positive
-from hpcdist.optimizers.optimizer import Optimizer
+from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 
 
 class Adagrad(Optimizer):
@@ -30,7 +30,7 @@ class Adagrad(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         initial_accumulator_value: float = 0.1,
         epsilon: float = 1e-7,
         weight_decay: float | None = None,
@@ -71,7 +71,9 @@ class Adagrad(Optimizer):
     def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         return np.array([lr, self.epsilon, self._wd()], dtype)
 
-    def _update(self, k, p_in, p_out, g, slots, hyper) -> None:
+    def _update(
+        self, k: Any, p_in: Any, p_out: Any, g: Any, slots: dict[str, Any], hyper: Any
+    ) -> None:
         k.adagrad(p_in, p_out, g, slots["accumulator"], hyper)
 
     def get_config(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.optimizer import Optimizer
+from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
 
@@ -45,7 +45,7 @@ class Adam(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         beta_1: float = 0.9,
         beta_2: float = 0.999,
         epsilon: float = 1e-7,
@@ -80,7 +80,9 @@ class Adam(Optimizer):
         lr_t = lr * math.sqrt(1.0 - b2**t) / (1.0 - b1**t) if b1 < 1.0 else 0.0
         return np.array([lr_t, b1, b2, self.epsilon, lr * self._wd()], dtype)
 
-    def _update(self, k, p_in, p_out, g, slots, hyper) -> None:
+    def _update(
+        self, k: Any, p_in: Any, p_out: Any, g: Any, slots: dict[str, Any], hyper: Any
+    ) -> None:
         k.adam(p_in, p_out, g, slots["m"], slots["v"], slots.get("vhat"), hyper)
 
     def get_config(self) -> dict[str, Any]:
@@ -101,7 +103,7 @@ class AdamW(Adam):
 
     def __init__(
         self,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         weight_decay: float = 0.004,
         beta_1: float = 0.9,
         beta_2: float = 0.999,

@@ -92,7 +92,7 @@ def clip_by_global_norm(arrays: Sequence[Any], clip_norm: float) -> tuple[list[A
             raise TypeError(f"clip_by_global_norm: array {i} has dtype {a.dtype}; expected numbers")
     norm = math.sqrt(sum(_sum_squares(a) for a in items if a is not None))
     factor = global_scale(norm, c)
-    out = []
+    out: list[Any] = []
     for a in items:
         if a is None:
             out.append(None)

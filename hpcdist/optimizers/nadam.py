@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.optimizers.adam import _positive
-from hpcdist.optimizers.optimizer import Optimizer
+from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
 _DECAY = 0.96
@@ -50,7 +50,7 @@ class Nadam(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         beta_1: float = 0.9,
         beta_2: float = 0.999,
         epsilon: float = 1e-7,
@@ -99,7 +99,9 @@ class Nadam(Optimizer):
         hyper = [lr, self.beta_1, self.beta_2, self.epsilon, c_m, c_g, c_v, lr * self._wd()]
         return np.array(hyper, dtype)
 
-    def _update(self, k, p_in, p_out, g, slots, hyper) -> None:
+    def _update(
+        self, k: Any, p_in: Any, p_out: Any, g: Any, slots: dict[str, Any], hyper: Any
+    ) -> None:
         k.nadam(p_in, p_out, g, slots["m"], slots["v"], hyper)
 
     def get_config(self) -> dict[str, Any]:

@@ -37,8 +37,8 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, SupportsFloat, TypeAlias
 
 import numpy as np
 
@@ -57,6 +57,12 @@ from hpcdist.distribute.variables import (
 from hpcdist.optimizers import remote, schedules
 from hpcdist.optimizers.clipping import check_clip, global_scale, kernels_for
 from hpcdist.optimizers.flat import FlatBuffer, _empty_like, on_device_of
+
+#: What ``learning_rate`` takes: a number, a schedule (or its ``serialize`` dict), or, as a
+#: schedule is, a function of the step (``optimizer.iterations``) that gives the rate.
+LearningRate: TypeAlias = (
+    SupportsFloat | schedules.LearningRateSchedule | Callable[[int], Any] | dict[str, Any]
+)
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -182,11 +188,12 @@ class Optimizer:
 
     #: Other names ``get_slot`` accepts for a slot (Keras legacy names).
     _SLOT_ALIASES: dict[str, str] = {}
+    _learning_rate: float | schedules.LearningRateSchedule | Callable[[int], Any]
 
     def __init__(
         self,
         name: str,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         weight_decay: float | None = None,
         clipnorm: float | None = None,
         clipvalue: float | None = None,
@@ -234,16 +241,15 @@ class Optimizer:
         return self._lr_at(self._step())
 
     @learning_rate.setter
-    def learning_rate(self, value: Any) -> None:
-        if isinstance(value, dict):
-            value = schedules.deserialize(value)
-        if isinstance(value, schedules.LearningRateSchedule) or (
-            callable(value) and not isinstance(value, Variable)
+    def learning_rate(self, value: LearningRate) -> None:
+        rate = schedules.deserialize(value) if isinstance(value, dict) else value
+        if isinstance(rate, schedules.LearningRateSchedule) or (
+            callable(rate) and not isinstance(rate, Variable)
         ):
-            self._learning_rate = value
+            self._learning_rate = rate
             return
         try:
-            lr = float(value)
+            lr = float(rate)
         except (TypeError, ValueError):
             raise TypeError(
                 f"learning_rate must be a number or a LearningRateSchedule, got {value!r}"
@@ -671,7 +677,7 @@ class Optimizer:
         """The gradients of ``group``'s variables from replica ``r`` in its flat buffer."""
         buf = group.grad_buffer(r)
         xp = array_module(buf)
-        pieces = []
+        pieces: list[Any] = []
         for v, i in zip(group.variables, idx, strict=True):
             if i is None:
                 pieces.append(None)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.optimizers.adam import _positive
-from hpcdist.optimizers.optimizer import Optimizer
+from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
 
@@ -38,7 +38,7 @@ class RMSprop(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.001,
+        learning_rate: LearningRate = 0.001,
         rho: float = 0.9,
         momentum: float = 0.0,
         epsilon: float = 1e-7,
@@ -75,7 +75,9 @@ class RMSprop(Optimizer):
     def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         return np.array([lr, self.rho, self.momentum, self.epsilon, self._wd()], dtype)
 
-    def _update(self, k, p_in, p_out, g, slots, hyper) -> None:
+    def _update(
+        self, k: Any, p_in: Any, p_out: Any, g: Any, slots: dict[str, Any], hyper: Any
+    ) -> None:
         k.rmsprop(
             p_in,
             p_out,

@@ -39,7 +39,9 @@ def _step(step: Any) -> float:
         ) from None
 
 
-def _number(name: str, value: Any, *, positive: bool = False, minimum: float | None = None):
+def _number(
+    name: str, value: Any, *, positive: bool = False, minimum: float | None = None
+) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))

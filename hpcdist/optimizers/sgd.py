@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.optimizer import Optimizer
+from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 
 
 def check_fraction(name: str, value: Any) -> float:
@@ -44,7 +44,7 @@ class SGD(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.01,
+        learning_rate: LearningRate = 0.01,
         momentum: float = 0.0,
         nesterov: bool = False,
         weight_decay: float | None = None,
@@ -74,7 +74,9 @@ class SGD(Optimizer):
             return np.array([lr, self.momentum, self._wd()], dtype)
         return np.array([lr, self._wd()], dtype)
 
-    def _update(self, k, p_in, p_out, g, slots, hyper) -> None:
+    def _update(
+        self, k: Any, p_in: Any, p_out: Any, g: Any, slots: dict[str, Any], hyper: Any
+    ) -> None:
         if "momentum" in slots:
             k.momentum(p_in, p_out, g, slots["momentum"], hyper, self.nesterov)
         else:

@@ -29,7 +29,8 @@ class _Distributed:
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         """Average ``grads`` over the replicas, then the wrapped optimizer's ``apply``."""
         grads = allreduce_gradients(list(grads), "MEAN", self._hd_strategy)
-        return super().apply(grads, trainable_variables)
+        # the wrapped optimizer's class follows _Distributed in the MRO
+        return super().apply(grads, trainable_variables)  # type: ignore[misc]
 
 
 def DistributedOptimizer(  # noqa: N802  (named as in Horovod)

@@ -88,7 +88,7 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     if bytes_per_pack is not None and int(bytes_per_pack) <= 0:
         raise ValueError(f"bytes_per_pack is {bytes_per_pack!r}; expected a positive int or None")
     cls = type(f"Distributed{type(optimizer).__name__}", (_Distributed, type(optimizer)), {})
-    wrapped = object.__new__(cls)
+    wrapped: _Distributed = object.__new__(cls)
     wrapped.__dict__ = optimizer.__dict__  # one optimizer, two views of it
     wrapped._hd = _Reducer(
         optimizer, model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
@@ -117,7 +117,8 @@ class _Distributed:
                 "gradients were averaged. Run the closure (forward and backward) before step()"
             )
         self.__dict__["_hd"].synchronize()
-        return super().step()
+        # the wrapped optimizer's class follows _Distributed in the MRO
+        return super().step()  # type: ignore[misc]
 
     def __getattribute__(self, name: str) -> Any:
         if name == "param_groups":  # the gradients are read through them: wait first

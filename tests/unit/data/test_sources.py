@@ -90,13 +90,21 @@ def test_list_files_sorted_shuffled_and_seeded(npy_files, tmp_path):
     assert Dataset.list_files(pattern, shuffle=False).files == tuple(npy_files)
     assert list(Dataset.list_files(pattern, shuffle=False)) == npy_files
     seeded = Dataset.list_files(pattern, seed=3)
-    assert seeded.shuffle, "TF shuffles file names by default"
+    assert seeded.shuffle_files, "TF shuffles file names by default"
     first = list(seeded)
     assert sorted(first) == npy_files
     assert first == [npy_files[i] for i in np.random.default_rng(3).permutation(3)]
     assert list(Dataset.list_files(pattern, seed=3)) == first, "same seed, same order"
     assert sorted(Dataset.list_files(pattern)) == npy_files
     assert Dataset.list_files([pattern, pattern], shuffle=False).files == tuple(npy_files)
+
+
+def test_file_names_can_be_shuffled_again(npy_files, tmp_path):
+    # the shuffle flag once shadowed Dataset.shuffle: calling it raised "'bool' object is
+    # not callable"
+    for names in (Dataset.list_files(str(tmp_path / "part-*.npy")), Dataset.from_files(npy_files)):
+        shuffled = list(names.shuffle(3, seed=5))
+        assert sorted(shuffled) == npy_files
 
 
 def test_list_files_without_match_names_the_pattern(tmp_path):
