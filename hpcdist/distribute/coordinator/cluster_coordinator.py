@@ -311,16 +311,17 @@ class ClusterCoordinator:
         self._busy[w] = k
         try:
             self._reqs[w] = (self._comm.Irecv(head, source=rank, tag=wire.TAG_RESULT), head)
-            msg = np.array([wire.RUN, k, self._open[k][1], 0], np.int64)
+            msg = wire.header(wire.RUN, k, self._open[k][1], 0)
             self._sends.append((self._comm.Isend(msg, dest=rank, tag=wire.TAG_CTRL), w, (msg,)))
         except self._MPI.Exception as e:
             self._failure(e, w)
 
     def _receive(self, w: int, head: np.ndarray) -> None:
-        kind, k, ok, nbytes = (int(x) for x in head)
+        kind, k, ok, nbytes = wire.read_header(head)
         if kind != wire.RESULT or k != self._busy[w]:
             raise RuntimeError(
-                f"worker {w} sent message {head.tolist()} while running closure {self._busy[w]}; "
+                f"worker {w} sent message {(kind, k, ok, nbytes)} while running closure "
+                f"{self._busy[w]}; "
                 "expected its RESULT (are the chief and workers the same hpcdist version?)"
             )
         data = np.empty(nbytes, np.uint8)
@@ -398,7 +399,7 @@ class ClusterCoordinator:
         data = wire.encode_message(ok, payload) if not exiting else np.zeros(0, np.uint8)
         self._seq += 1
         code = wire.EXIT if exiting else wire.SYNC
-        head = np.array([code, self._seq, kind, data.nbytes], np.int64)
+        head = wire.header(code, self._seq, kind, data.nbytes)
         for w, rank in enumerate(self._workers):
             if not self._alive[w]:
                 continue

@@ -21,10 +21,11 @@ import numpy as np
 
 from hpcdist.distribute.ps import protocol as P
 from hpcdist.distribute.ps import shard_file
+from hpcdist.errors import PSRequestError
 
 
-class OpError(Exception):
-    """A request that cannot be done; the message goes back to the client."""
+#: A request that cannot be done; the message goes back to the client.
+OpError = PSRequestError
 
 
 class Var:
