@@ -129,19 +129,6 @@ def new_header(
     return h
 
 
-def stamp(h: np.ndarray) -> np.ndarray:
-    """Write the magic and version words into the header array ``h`` (returns ``h``).
-
-    For protocols that fill a header word by word.
-
-    Example:
-        >>> int(stamp(np.zeros(HEADER_WORDS, np.int64))[VERSION_WORD])
-        1
-    """
-    h[MAGIC_WORD], h[VERSION_WORD] = MAGIC, VERSION
-    return h
-
-
 def check_header(
     h: Any,
     *,
@@ -497,7 +484,9 @@ class _Reader:
         if tag == b"i":
             return int(_I64.unpack(self.take(8, "an int"))[0])
         if tag == b"I":
-            return int.from_bytes(self.take(self.count("int bytes"), "an int"), "little", signed=True)
+            return int.from_bytes(
+                self.take(self.count("int bytes"), "an int"), "little", signed=True
+            )
         if tag == b"f":
             return float(_F64.unpack(self.take(8, "a float"))[0])
         if tag == b"c":
@@ -526,8 +515,7 @@ class _Reader:
                     out[k] = v
                 except TypeError:
                     raise MessageError(
-                        f"a message map has a key of type {type(k).__name__}, which is not "
-                        "hashable"
+                        f"a message map has a key of type {type(k).__name__}, which is not hashable"
                     ) from None
             return out
         if tag == b"x":
@@ -544,12 +532,16 @@ class _Reader:
             except MessageError:
                 raise
             except Exception as e:
-                raise MessageError(f"a message value's {name!r} extension is malformed ({e})") from e
+                raise MessageError(
+                    f"a message value's {name!r} extension is malformed ({e})"
+                ) from e
         raise MessageError(f"a message value has unknown tag {tag!r}")
 
 
 def _dtype(code: bytes) -> np.dtype:
-    ok = 2 <= len(code) <= 16 and code[:1] in b"<>|=" and code[1:2].decode("latin-1") in _ARRAY_KINDS
+    ok = (
+        2 <= len(code) <= 16 and code[:1] in b"<>|=" and code[1:2].decode("latin-1") in _ARRAY_KINDS
+    )
     if ok and code[1:2] in b"mM":
         ok = code[2:].replace(b"[", b"").replace(b"]", b"").isalnum()
     elif ok:
@@ -592,11 +584,12 @@ def decode_value(
                 f"{buf.shape}"
             )
         data = memoryview(np.ascontiguousarray(buf)).cast("B")
+    elif isinstance(buf, (bytes, bytearray, memoryview)):
+        data = memoryview(bytes(buf)).cast("B")
     else:
-        try:
-            data = memoryview(bytes(buf)).cast("B")
-        except TypeError as e:
-            raise MessageError(f"a message value must be bytes; got {type(buf).__name__} ({e})") from None
+        raise MessageError(
+            f"a message value must be bytes or a uint8 array; got {type(buf).__name__}"
+        )
     if bytes(data[: len(VALUE_MAGIC)]) != VALUE_MAGIC:
         raise MessageError(
             f"not an hpcdist message value (expected {VALUE_MAGIC!r}, found "
@@ -634,5 +627,4 @@ __all__ = [
     "new_header",
     "recv",
     "send",
-    "stamp",
 ]

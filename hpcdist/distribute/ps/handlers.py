@@ -23,7 +23,6 @@ from hpcdist.distribute.ps import protocol as P
 from hpcdist.distribute.ps import shard_file
 from hpcdist.errors import PSRequestError
 
-
 #: A request that cannot be done; the message goes back to the client.
 OpError = PSRequestError
 
