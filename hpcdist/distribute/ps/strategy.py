@@ -216,7 +216,30 @@ class ParameterServerExtended(StrategyExtended):
         finally:
             self._colocate_ps = previous
 
-    def _register_optimizer(self, optimizer: Any) -> int:
+    # -- the public interface of the ps updates (remote_updates) ---------------------------
+    @property
+    def strategy(self) -> Any:
+        """The :class:`ParameterServerStrategy` this extended API belongs to."""
+        return self._strategy
+
+    @property
+    def num_local_replicas(self) -> int:
+        """How many replicas this task runs."""
+        return self._num_local_replicas
+
+    @property
+    def ps_client(self) -> Any:
+        """The :class:`~hpcdist.distribute.ps.client.PSClient` that talks to the ps tasks."""
+        return self._client
+
+    def create_ps_variable(self, initial_value: Any, spec: dict) -> Any:
+        """A new variable on the ps (a PSVariable, or a ShardedVariable of them).
+
+        ``spec``: ``name``, ``trainable``, ``synchronization``, ``aggregation``.
+        """
+        return self._create_variable(initial_value, None, None, spec)
+
+    def register_optimizer(self, optimizer: Any) -> int:
         """The id of ``optimizer`` on the ps (registered with every ps on first use)."""
         key = getattr(optimizer, "_ps_ids", None)
         if key is None:
