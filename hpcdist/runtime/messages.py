@@ -280,6 +280,7 @@ _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 _C128 = struct.Struct("<dd")
 _ARRAY_KINDS = "biufcmMSU"
+_MAX_NDIM = 32  # NumPy's limit (before 2.0)
 
 #: An extension encoder: ``(name, value)`` for an object it carries (name ``""``: encode
 #: ``value`` in its place, e.g. a device array as a NumPy one), else ``None``.
@@ -325,7 +326,7 @@ class _Writer:
         self.put(_U64.pack(data.nbytes))
         pad = -self.size % _ALIGN
         self.put(b"\0" * pad)
-        self.put(memoryview(data.reshape(-1).view(np.uint8)))
+        self.put(data.reshape(-1).view(np.uint8).data)
 
     def value(self, x: Any, where: str) -> None:
         if x is None:
@@ -457,7 +458,11 @@ class _Reader:
         code = bytes(self.take(n, "a dtype"))
         dt = _dtype(code)
         ndim = self.take(1, "an array rank")[0]
+        if ndim > _MAX_NDIM:
+            raise MessageError(f"a message array has {ndim} dimensions; at most {_MAX_NDIM}")
         shape = tuple(self.u64("an array dimension") for _ in range(ndim))
+        if math.prod(max(d, 1) for d in shape) * dt.itemsize >= 1 << 62:
+            raise MessageError(f"a message array has shape {shape}, too large for any array")
         self.take(-self.at % _ALIGN, "padding")
         nbytes = self.u64("an array size")
         self.take(-self.at % _ALIGN, "padding")
@@ -583,7 +588,7 @@ def decode_value(
                 f"a message value must be a 1-d uint8 buffer; got dtype {buf.dtype}, shape "
                 f"{buf.shape}"
             )
-        data = memoryview(np.ascontiguousarray(buf)).cast("B")
+        data = np.ascontiguousarray(buf).data.cast("B")
     elif isinstance(buf, (bytes, bytearray, memoryview)):
         data = memoryview(bytes(buf)).cast("B")
     else:

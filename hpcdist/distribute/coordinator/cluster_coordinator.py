@@ -48,11 +48,23 @@ from hpcdist.distribute.coordinator.remote_value import (
     check_schedule,
 )
 from hpcdist.runtime.failures import register_exit_guard
+from hpcdist.runtime.mpi import mpi
 
 #: ``schedule`` blocks while more closures than this wait for a worker.
 CLOSURE_QUEUE_MAX_SIZE = 256
 
 _current = threading.local()
+#: The class a worker rank gets for ``ClusterCoordinator(strategy)``; follower.py registers
+#: WorkerCoordinator (it subclasses ClusterCoordinator, so this module cannot import it).
+_worker_class: list[type[ClusterCoordinator]] = []
+
+
+def register_worker_class(cls: type[ClusterCoordinator]) -> None:
+    """Set the coordinator class of worker ranks (``follower.WorkerCoordinator`` does).
+
+    Example: ``register_worker_class(WorkerCoordinator)``.
+    """
+    _worker_class[:] = [cls]
 
 
 def experimental_get_current_worker_index() -> int:
@@ -108,9 +120,12 @@ class ClusterCoordinator:
             return existing
         roles = _roles_of(strategy)
         if cls is ClusterCoordinator and roles.is_worker:
-            from hpcdist.distribute.coordinator.follower import WorkerCoordinator
-
-            return super().__new__(WorkerCoordinator)
+            if not _worker_class:
+                raise RuntimeError(
+                    "no worker-side coordinator is registered; import "
+                    "hpcdist.distribute.coordinator (the package) rather than its modules"
+                )
+            return super().__new__(_worker_class[0])
         return super().__new__(cls)
 
     def _attach(self, strategy: Any) -> None:
@@ -119,8 +134,6 @@ class ClusterCoordinator:
         self._strategy = strategy
         self._roles = roles
         self._comm = strategy.extended._coordination_comm
-        from hpcdist.runtime.mpi import mpi
-
         self._MPI = mpi()
         self._comm.Set_errhandler(self._MPI.ERRORS_RETURN)
         self._workers = list(roles.worker_ranks)

@@ -264,4 +264,6 @@ class WorkerCoordinator(cc.ClusterCoordinator):
         self._exited = True
 
 
+cc.register_worker_class(WorkerCoordinator)
+
 __all__ = ["WorkerCoordinator"]

@@ -109,7 +109,7 @@ STATUS_OK, STATUS_ERROR, STATUS_CHECKPOINT_CORRUPT, STATUS_CHECKPOINT = 0, 1, 2,
 OPTIMIZER_CLASSES = ("SGD", "Adam", "AdamW", "RMSprop")
 
 # -- dtypes ----------------------------------------------------------------------------------------
-_DTYPES = {
+_DTYPES: dict[int, np.dtype] = {
     1: np.dtype(np.float16),
     2: np.dtype(np.float32),
     3: np.dtype(np.float64),

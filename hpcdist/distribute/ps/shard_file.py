@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.errors import CheckpointCorruptError, CheckpointError
+from hpcdist.errors import CheckpointCorruptError, CheckpointError, PSError
 from hpcdist.runtime.atomic import atomic_write_hashed, sha256_of
 
 FORMAT = "hpcdist-ps-shard"
@@ -89,7 +89,7 @@ def write_shard(
             f"ps task {ps} holds no variables with ids {missing}; it holds "
             f"{sorted(variables)}. Save variables of this strategy only"
         )
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, Any] = {}
     metas = []
     for vid in ids:
         var = variables[vid]
@@ -229,8 +229,6 @@ def stage_restore(
 
 
 def _stage(files: dict, items: list, variables: dict, host: Any, shards: dict) -> list:
-    from hpcdist.distribute.ps.protocol import PSError
-
     staged = []
     targets: set[int] = set()
     for item in items:

@@ -285,6 +285,18 @@ def test_huge_shape_is_refused_without_allocating():
         M.decode_value(bytes(buf))
 
 
+def test_empty_array_with_an_absurd_shape_is_refused():
+    buf = bytearray(M.encode_value(np.zeros((0, 1), np.int64)).tobytes())
+    at = buf.index(struct.pack("<Q", 0) + struct.pack("<Q", 1))
+    buf[at + 8 : at + 16] = struct.pack("<Q", 2**63 - 1)
+    with pytest.raises(MessageError, match="too large for any array"):
+        M.decode_value(bytes(buf))
+    rank = bytearray(M.encode_value(np.zeros(1)).tobytes())
+    rank[rank.index(b"<f8") + 3] = 40
+    with pytest.raises(MessageError, match="40 dimensions; at most 32"):
+        M.decode_value(bytes(rank))
+
+
 def test_deep_nesting_on_the_wire_is_refused():
     data = _with(b"l" + struct.pack("<Q", 1)) + (b"l" + struct.pack("<Q", 1)) * 200 + b"N"
     with pytest.raises(MessageError, match="nested deeper"):
