@@ -215,8 +215,9 @@ def encode_header(
     ``out`` (an int64 array of :data:`HEADER_WORDS`) is reused when given.
 
     Example:
-        >>> encode_header(OP_STATS)[:3]
-        array([10,  0,  0])
+        >>> h = encode_header(OP_STATS)
+        >>> int(h[OP]), int(h[ID]), M.check_header(h).type
+        (10, 0, 10)
     """
     h = M.new_header(op, out=out)
     h[ID], h[COUNT] = var_id, count
