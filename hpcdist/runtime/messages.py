@@ -38,8 +38,7 @@ import math
 import os
 import struct
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -86,8 +85,7 @@ def max_message_bytes() -> int:
     return value
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     """The decoded fixed words of a header (``args`` are the protocol's words).
 
     Example:
