@@ -433,8 +433,8 @@ class ClusterCoordinator:
             raise wire.rebuild_error(info)
         try:
             self._send_sync(kind, True, value)
-        except TypeError:
-            info = wire.error_info(sys.exc_info()[1])  # type: ignore[arg-type]
+        except TypeError as e:
+            info = wire.error_info(e)
             self._send_sync(kind, False, info)
             raise
 

@@ -263,9 +263,10 @@ def rebuild_error(info: dict) -> Exception:
     if info.get("worker", -1) >= 0:
         where.append(f"worker {info['worker']}")
     text = info.get("traceback", "")
-    exc.remote_traceback = text  # type: ignore[attr-defined]
-    exc.closure = info.get("closure", -1)  # type: ignore[attr-defined]
-    exc.worker = info.get("worker", -1)  # type: ignore[attr-defined]
+    extra: Any = exc  # attributes added to an exception of any type
+    extra.remote_traceback = text
+    extra.closure = info.get("closure", -1)
+    extra.worker = info.get("worker", -1)
     if text and hasattr(exc, "add_note"):
         exc.add_note(f"hpcdist: raised in {', '.join(where) or 'a worker'}; its traceback there:")
         exc.add_note(text.rstrip())
