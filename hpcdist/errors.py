@@ -237,6 +237,22 @@ class PSRequestError(HpcdistError, RuntimeError):
     """
 
 
+class PSClientFailedError(HpcdistError, RuntimeError):
+    """A parameter server's MPI call with client ``rank`` failed because that process died.
+
+    Raised and handled inside the server (under ULFM it drops the client and serves the
+    others); ``rank`` is the client's rank on the ps communicator.
+
+    Example:
+        >>> PSClientFailedError(3).rank
+        3
+    """
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(f"client rank {rank} failed (its process died)")
+        self.rank = rank
+
+
 class CancelledError(HpcdistError, RuntimeError):
     """A scheduled function that never ran (or was dropped) because an earlier one failed.
 
@@ -309,6 +325,7 @@ __all__ = [
     "PSError",
     "PSTypeError",
     "PSRequestError",
+    "PSClientFailedError",
     "CancelledError",
     "OutOfRangeError",
     "RemoteError",

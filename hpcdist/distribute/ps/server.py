@@ -26,6 +26,7 @@ from hpcdist.distribute.ps import protocol as P
 from hpcdist.distribute.ps.handlers import Handlers, OpError, Var
 from hpcdist.distribute.ps.optimizer_host import OptimizerHost
 from hpcdist.distribute.ps.payloads import Live, Stored
+from hpcdist.errors import PSClientFailedError
 from hpcdist.runtime import mpi
 from hpcdist.runtime.failures import note_process_failure
 
@@ -68,12 +69,8 @@ class StalenessStats:
         }
 
 
-class ClientFailed(Exception):
-    """An MPI call with client ``rank`` failed because a process died (ULFM)."""
-
-    def __init__(self, rank: int) -> None:
-        super().__init__(rank)
-        self.rank = rank
+#: An MPI call with client ``rank`` failed because a process died (ULFM).
+ClientFailed = PSClientFailedError
 
 
 class Server(Handlers):
