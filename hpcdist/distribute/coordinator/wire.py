@@ -46,14 +46,14 @@ from hpcdist.runtime.failures import note_process_failure
 from hpcdist.runtime.mpi import mpi
 
 # Tags of the coordination communicator.
-TAG_CTRL = 11  # chief -> worker: int64[4] header (RUN / SYNC / EXIT)
+TAG_CTRL = 11  # chief -> worker: message header (RUN / SYNC / EXIT)
 TAG_CTRL_DATA = 12  # chief -> worker: the SYNC payload
-TAG_RESULT = 13  # worker -> chief: int64[4] header (RESULT)
+TAG_RESULT = 13  # worker -> chief: message header (RESULT)
 TAG_RESULT_DATA = 14  # worker -> chief: the encoded result or error
 
-# Message kinds (first int64 of a header).
+# Message kinds (the TYPE word of a header).
 RUN, SYNC, EXIT, RESULT = 1, 2, 3, 4
-# Sync points (third int64 of a SYNC header).
+# Sync points (word b of a SYNC header).
 JOIN, DONE, FETCH = 1, 2, 3
 SYNC_NAMES = {JOIN: "join()", DONE: "done()", FETCH: "fetch()"}
 
