@@ -141,6 +141,161 @@ class ArrayInteropError(HpcdistError, TypeError):
     """
 
 
+class MessageError(HpcdistError, ValueError):
+    """A point-to-point message (:mod:`hpcdist.runtime.messages`) is malformed.
+
+    Raised by the receiver for a header or value that is not what the protocol sends;
+    the subclasses say which check failed.
+
+    Example:
+        >>> issubclass(MessageError, ValueError)
+        True
+    """
+
+
+class MessageHeaderError(MessageError):
+    """A message header has a wrong size, magic word, reserved word, flag or length.
+
+    Example:
+        >>> issubclass(MessageHeaderError, MessageError)
+        True
+    """
+
+
+class MessageVersionError(MessageError):
+    """A message was sent by a different version of the message protocol.
+
+    Example:
+        >>> issubclass(MessageVersionError, MessageError)
+        True
+    """
+
+
+class UnknownMessageTypeError(MessageError):
+    """A message (or an extension inside a message value) has a type the receiver does not know.
+
+    Example:
+        >>> issubclass(UnknownMessageTypeError, MessageError)
+        True
+    """
+
+
+class MessageTruncatedError(MessageError):
+    """A message or message value ends before the parts it announces.
+
+    Example:
+        >>> issubclass(MessageTruncatedError, MessageError)
+        True
+    """
+
+
+class MessageSizeError(MessageError):
+    """A message is larger than the size limit or than its header announced.
+
+    Example:
+        >>> issubclass(MessageSizeError, MessageError)
+        True
+    """
+
+
+class MessageEncodeError(HpcdistError, TypeError):
+    """A value that cannot travel in a message (an object, a cycle, a structured dtype).
+
+    Example:
+        >>> issubclass(MessageEncodeError, TypeError)
+        True
+    """
+
+
+class PSError(HpcdistError, RuntimeError):
+    """A parameter-server request failed (bad request, mismatch, a failed ps, a closed client).
+
+    ``error_class`` is the MPI error class when an MPI call failed (e.g. 75,
+    ``MPI.ERR_PROC_FAILED``, when the ps died under ULFM), else ``None``.
+
+    Example:
+        >>> str(PSError("closed"))
+        'closed'
+    """
+
+    def __init__(self, message: str, error_class: int | None = None) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class PSTypeError(PSError, TypeError):
+    """A value of a dtype the parameter server cannot hold or optimize.
+
+    Example:
+        >>> isinstance(PSTypeError("complex64"), TypeError)
+        True
+    """
+
+
+class PSRequestError(HpcdistError, RuntimeError):
+    """A parameter-server request the server cannot do; its message goes back to the client.
+
+    Raised inside the server's handlers; the client raises :class:`PSError` with the message.
+
+    Example:
+        >>> issubclass(PSRequestError, RuntimeError)
+        True
+    """
+
+
+class PSClientFailedError(HpcdistError, RuntimeError):
+    """A parameter server's MPI call with client ``rank`` failed because that process died.
+
+    Raised and handled inside the server (under ULFM it drops the client and serves the
+    others); ``rank`` is the client's rank on the ps communicator.
+
+    Example:
+        >>> PSClientFailedError(3).rank
+        3
+    """
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(f"client rank {rank} failed (its process died)")
+        self.rank = rank
+
+
+class CancelledError(HpcdistError, RuntimeError):
+    """A scheduled function that never ran (or was dropped) because an earlier one failed.
+
+    Example: after ``join()`` raised, ``rv.fetch()`` of a function queued behind the failed
+    one raises ``CancelledError``; schedule it again to run it.
+    """
+
+
+class OutOfRangeError(HpcdistError, RuntimeError):
+    """A scheduled function reached the end of an iterator (``StopIteration`` on the worker).
+
+    Example: ``try: coordinator.join()`` / ``except OutOfRangeError:`` ends an epoch.
+    """
+
+
+class RemoteError(HpcdistError, RuntimeError):
+    """A scheduled function raised an exception whose type cannot be made again here.
+
+    Example: an exception class defined inside a function arrives as
+    ``RemoteError("module.f.<locals>.MyError: message")``.
+    """
+
+
+class ProgramsDivergedError(HpcdistError, RuntimeError):
+    """The chief and a worker did not run the same sequence of schedule/join/done/fetch.
+
+    Example: ``if is_chief: schedule(f) else: schedule(g)`` makes the next ``join`` raise it.
+    """
+
+
+class UnavailableError(HpcdistError, RuntimeError):
+    """No worker is left to run the scheduled functions, or the chief is gone.
+
+    Example: ``join()`` raises it on the chief once every worker rank has died.
+    """
+
+
 class CollectiveStallWarning(RuntimeWarning):
     """A collective has waited longer than the stall threshold for some ranks.
 
@@ -172,6 +327,22 @@ __all__ = [
     "CheckpointError",
     "CheckpointCorruptError",
     "CollectiveStallWarning",
+    "MessageError",
+    "MessageHeaderError",
+    "MessageVersionError",
+    "UnknownMessageTypeError",
+    "MessageTruncatedError",
+    "MessageSizeError",
+    "MessageEncodeError",
+    "PSError",
+    "PSTypeError",
+    "PSRequestError",
+    "PSClientFailedError",
+    "CancelledError",
+    "OutOfRangeError",
+    "RemoteError",
+    "ProgramsDivergedError",
+    "UnavailableError",
 ]
 
 

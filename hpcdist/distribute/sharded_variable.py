@@ -394,6 +394,17 @@ class ShardedVariable(NDArrayOperatorsMixin):
         """Subtract ``delta`` (full shape) shard by shard; returns the variable."""
         return self._write("assign_sub", delta, read_value)
 
+    def split(self, array: Any) -> list[Any]:
+        """``array`` (full rows along axis 0) cut into one view per shard.
+
+        Example: ``sv.split(np.zeros(sv.shape))`` gives one zero array per shard.
+        """
+        return self._split(array)
+
+    def split_indexed_slices(self, slices: Any) -> list[tuple[int, np.ndarray, Any]]:
+        """A sparse gradient's rows per shard: ``[(shard index, local rows int64, values)]``."""
+        return self._split_indexed_slices(slices)
+
     def _split_indexed_slices(self, slices: Any) -> list[tuple[int, np.ndarray, Any]]:
         """A sparse gradient's rows per shard: ``[(shard index, local rows int64, values)]``.
 

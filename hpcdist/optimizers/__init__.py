@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpcdist.distribute.ps.optimizer_host import register_optimizer_factory
 from hpcdist.optimizers import schedules
 from hpcdist.optimizers.adagrad import Adagrad
 from hpcdist.optimizers.adam import Adam, AdamW
@@ -82,6 +83,10 @@ def deserialize(config: dict[str, Any]) -> Optimizer:
             "SGD, Adam, AdamW, RMSprop, Adagrad, Nadam"
         )
     return cls.from_config(dict(config.get("config", {})))
+
+
+# The parameter servers (a lower layer) build their optimizers through this registration.
+register_optimizer_factory(lambda name, config: deserialize({"class_name": name, "config": config}))
 
 
 def get(identifier: Any) -> Optimizer:

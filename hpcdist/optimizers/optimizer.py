@@ -46,6 +46,7 @@ from hpcdist.arrays import array_module, asarray, device_of, import_array, to_de
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
 from hpcdist.distribute.aggregating import AggregatingVariable
+from hpcdist.distribute.ps import remote_updates
 from hpcdist.distribute.values import DistributedValues, PerReplica, select_replica
 from hpcdist.distribute.variables import (
     DistributedVariable,
@@ -54,9 +55,10 @@ from hpcdist.distribute.variables import (
     VariableAggregation,
     VariableSynchronization,
 )
-from hpcdist.optimizers import remote, schedules
+from hpcdist.optimizers import schedules
 from hpcdist.optimizers.clipping import check_clip, global_scale, kernels_for
 from hpcdist.optimizers.flat import FlatBuffer, _empty_like, on_device_of
+from hpcdist.optimizers.ps_hosting import RemoteView
 
 #: What ``learning_rate`` takes: a number, a schedule (or its ``serialize`` dict), or, as a
 #: schedule is, a function of the step (``optimizer.iterations``) that gives the rate.
@@ -510,8 +512,8 @@ class Optimizer:
             (import_array(p[0]), p[1]) if isinstance(p, tuple) and len(p) == 2 else p
             for p in grads_and_vars
         ]
-        if remote.targets_ps(grads_and_vars):  # the ps runs the update (ParameterServerStrategy)
-            return remote.apply_gradients(self, grads_and_vars)
+        if remote_updates.targets_ps(grads_and_vars):  # the ps runs it (ParameterServerStrategy)
+            return remote_updates.apply_gradients(RemoteView(self), grads_and_vars)
         grads, variables, every = self._filter(grads_and_vars)
         aggregate = not skip_gradients_aggregation and bool(experimental_aggregate_gradients)
         ctx = context.get_replica_context()

@@ -48,11 +48,23 @@ from hpcdist.distribute.coordinator.remote_value import (
     check_schedule,
 )
 from hpcdist.runtime.failures import register_exit_guard
+from hpcdist.runtime.mpi import mpi
 
 #: ``schedule`` blocks while more closures than this wait for a worker.
 CLOSURE_QUEUE_MAX_SIZE = 256
 
 _current = threading.local()
+#: The class a worker rank gets for ``ClusterCoordinator(strategy)``; follower.py registers
+#: WorkerCoordinator (it subclasses ClusterCoordinator, so this module cannot import it).
+_worker_class: list[type[ClusterCoordinator]] = []
+
+
+def register_worker_class(cls: type[ClusterCoordinator]) -> None:
+    """Set the coordinator class of worker ranks (``follower.WorkerCoordinator`` does).
+
+    Example: ``register_worker_class(WorkerCoordinator)``.
+    """
+    _worker_class[:] = [cls]
 
 
 def experimental_get_current_worker_index() -> int:
@@ -108,9 +120,12 @@ class ClusterCoordinator:
             return existing
         roles = _roles_of(strategy)
         if cls is ClusterCoordinator and roles.is_worker:
-            from hpcdist.distribute.coordinator.follower import WorkerCoordinator
-
-            return super().__new__(WorkerCoordinator)
+            if not _worker_class:
+                raise RuntimeError(
+                    "no worker-side coordinator is registered; import "
+                    "hpcdist.distribute.coordinator (the package) rather than its modules"
+                )
+            return super().__new__(_worker_class[0])
         return super().__new__(cls)
 
     def _attach(self, strategy: Any) -> None:
@@ -119,8 +134,6 @@ class ClusterCoordinator:
         self._strategy = strategy
         self._roles = roles
         self._comm = strategy.extended._coordination_comm
-        from hpcdist.runtime.mpi import mpi
-
         self._MPI = mpi()
         self._comm.Set_errhandler(self._MPI.ERRORS_RETURN)
         self._workers = list(roles.worker_ranks)
@@ -311,16 +324,17 @@ class ClusterCoordinator:
         self._busy[w] = k
         try:
             self._reqs[w] = (self._comm.Irecv(head, source=rank, tag=wire.TAG_RESULT), head)
-            msg = np.array([wire.RUN, k, self._open[k][1], 0], np.int64)
+            msg = wire.header(wire.RUN, k, self._open[k][1], 0)
             self._sends.append((self._comm.Isend(msg, dest=rank, tag=wire.TAG_CTRL), w, (msg,)))
         except self._MPI.Exception as e:
             self._failure(e, w)
 
     def _receive(self, w: int, head: np.ndarray) -> None:
-        kind, k, ok, nbytes = (int(x) for x in head)
+        kind, k, ok, nbytes = wire.read_header(head)
         if kind != wire.RESULT or k != self._busy[w]:
             raise RuntimeError(
-                f"worker {w} sent message {head.tolist()} while running closure {self._busy[w]}; "
+                f"worker {w} sent message {(kind, k, ok, nbytes)} while running closure "
+                f"{self._busy[w]}; "
                 "expected its RESULT (are the chief and workers the same hpcdist version?)"
             )
         data = np.empty(nbytes, np.uint8)
@@ -398,7 +412,7 @@ class ClusterCoordinator:
         data = wire.encode_message(ok, payload) if not exiting else np.zeros(0, np.uint8)
         self._seq += 1
         code = wire.EXIT if exiting else wire.SYNC
-        head = np.array([code, self._seq, kind, data.nbytes], np.int64)
+        head = wire.header(code, self._seq, kind, data.nbytes)
         for w, rank in enumerate(self._workers):
             if not self._alive[w]:
                 continue
@@ -419,8 +433,8 @@ class ClusterCoordinator:
             raise wire.rebuild_error(info)
         try:
             self._send_sync(kind, True, value)
-        except TypeError:
-            info = wire.error_info(sys.exc_info()[1])  # type: ignore[arg-type]
+        except TypeError as e:
+            info = wire.error_info(e)
             self._send_sync(kind, False, info)
             raise
 

@@ -160,7 +160,7 @@ class WorkerCoordinator(cc.ClusterCoordinator):
         warned = False
         while True:
             self._recv(head, wire.TAG_CTRL)
-            kind, a, b, nbytes = (int(x) for x in head)
+            kind, a, b, nbytes = wire.read_header(head)
             if kind == wire.RUN:
                 self._run(a, b)
                 continue
@@ -218,7 +218,7 @@ class WorkerCoordinator(cc.ClusterCoordinator):
             data = wire.encode_message(
                 False, wire.error_info(e, closure=k, worker=self._index, name=name)
             )
-        head = np.array([wire.RESULT, k, int(ok), data.nbytes], np.int64)
+        head = wire.header(wire.RESULT, k, int(ok), data.nbytes)
         reqs = [self._send(head, wire.TAG_RESULT), self._send(data, wire.TAG_RESULT_DATA)]
         try:
             for req in reqs:
@@ -263,5 +263,7 @@ class WorkerCoordinator(cc.ClusterCoordinator):
             print(f"hpcdist: worker {self._index} at exit: {e}", file=sys.stderr, flush=True)
         self._exited = True
 
+
+cc.register_worker_class(WorkerCoordinator)
 
 __all__ = ["WorkerCoordinator"]

@@ -19,44 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hpcdist.errors import (  # noqa: F401 (re-exported: users met them here)
+    CancelledError,
+    OutOfRangeError,
+    ProgramsDivergedError,
+    RemoteError,
+    UnavailableError,
+)
+
 PENDING, DONE, FAILED, CANCELLED = "pending", "done", "failed", "cancelled"
-
-
-class CancelledError(RuntimeError):
-    """A scheduled function that never ran (or was dropped) because an earlier one failed.
-
-    Example: after ``join()`` raised, ``rv.fetch()`` of a function queued behind the failed
-    one raises ``CancelledError``; schedule it again to run it.
-    """
-
-
-class OutOfRangeError(RuntimeError):
-    """A scheduled function reached the end of an iterator (``StopIteration`` on the worker).
-
-    Example: ``try: coordinator.join()`` / ``except OutOfRangeError:`` ends an epoch.
-    """
-
-
-class RemoteError(RuntimeError):
-    """A scheduled function raised an exception whose type cannot be made again here.
-
-    Example: an exception class defined inside a function arrives as
-    ``RemoteError("module.f.<locals>.MyError: message")``.
-    """
-
-
-class ProgramsDivergedError(RuntimeError):
-    """The chief and a worker did not run the same sequence of schedule/join/done/fetch.
-
-    Example: ``if is_chief: schedule(f) else: schedule(g)`` makes the next ``join`` raise it.
-    """
-
-
-class UnavailableError(RuntimeError):
-    """No worker is left to run the scheduled functions, or the chief is gone.
-
-    Example: ``join()`` raises it on the chief once every worker rank has died.
-    """
 
 
 class RemoteValue:

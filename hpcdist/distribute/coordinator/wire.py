@@ -1,12 +1,13 @@
-"""What the coordinator and its workers send each other: small int64 headers and encoded results.
+"""What the coordinator and its workers send each other, as :mod:`hpcdist.runtime.messages`.
 
-A result (or an error) travels as ONE ``uint8`` buffer: a JSON description of
-the value followed by the raw bytes of its arrays, so nothing is pickled and
+Every message is a typed message header (:func:`header`: the kind, two protocol words and
+the payload length) and, when the length is not zero, one payload: a result (or an error)
+encoded by :func:`~hpcdist.runtime.messages.encode_value`, so nothing is pickled and
 nothing but data can come out of a message. Supported values: ``None``,
 ``bool``/``int``/``float``/``complex``/``str``/``bytes``, NumPy arrays and
 scalars (any dtype but ``object`` and structured ones; CuPy arrays come back
 as NumPy arrays), and ``list``/``tuple``/``dict``/namedtuple nests of them;
-``PerReplica`` and ``Mirrored`` values travel as their components.
+``PerReplica`` and ``Mirrored`` values travel as their components (extension nodes).
 An error travels as its type's module and name, its arguments when they are
 plain JSON values, its message and its traceback text; :func:`rebuild_error`
 makes an exception of the same type again (or a :class:`RemoteError`).
@@ -21,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import builtins
-import json
 import sys
 import time
 import traceback
@@ -31,29 +31,57 @@ from typing import Any
 import numpy as np
 
 from hpcdist.arrays import is_cupy, to_host
-from hpcdist.distribute.coordinator.remote_value import (  # noqa: F401 (re-exported)
+from hpcdist.distribute.values import Mirrored, PerReplica
+from hpcdist.errors import (  # noqa: F401 (re-exported: users met them here)
     CancelledError,
+    MessageEncodeError,
+    MessageError,
     OutOfRangeError,
     ProgramsDivergedError,
     RemoteError,
     UnavailableError,
 )
+from hpcdist.runtime import messages as M
+from hpcdist.runtime.failures import note_process_failure
+from hpcdist.runtime.mpi import mpi
 
 # Tags of the coordination communicator.
-TAG_CTRL = 11  # chief -> worker: int64[4] header (RUN / SYNC / EXIT)
+TAG_CTRL = 11  # chief -> worker: message header (RUN / SYNC / EXIT)
 TAG_CTRL_DATA = 12  # chief -> worker: the SYNC payload
-TAG_RESULT = 13  # worker -> chief: int64[4] header (RESULT)
+TAG_RESULT = 13  # worker -> chief: message header (RESULT)
 TAG_RESULT_DATA = 14  # worker -> chief: the encoded result or error
 
-# Message kinds (first int64 of a header).
+# Message kinds (the TYPE word of a header).
 RUN, SYNC, EXIT, RESULT = 1, 2, 3, 4
-# Sync points (third int64 of a SYNC header).
+# Sync points (word b of a SYNC header).
 JOIN, DONE, FETCH = 1, 2, 3
 SYNC_NAMES = {JOIN: "join()", DONE: "done()", FETCH: "fetch()"}
-HEADER_LEN = 4
 
-_MAGIC = b"HDW1"
-_ALIGN = 8
+KINDS = frozenset({RUN, SYNC, EXIT, RESULT})
+HEADER_LEN = M.HEADER_WORDS
+
+
+def header(kind: int, a: int, b: int, nbytes: int) -> np.ndarray:
+    """A message header of ``kind`` (RUN, SYNC, EXIT, RESULT) with words ``a``, ``b``.
+
+    Example:
+        >>> read_header(header(RUN, 3, 7, 0))
+        (1, 3, 7, 0)
+    """
+    return M.new_header(kind, length=nbytes, args=(a, b))
+
+
+def read_header(head: np.ndarray) -> tuple[int, int, int, int]:
+    """``(kind, a, b, nbytes)`` of a received header, checked (magic, version, kind, size).
+
+    Raises a :class:`~hpcdist.errors.MessageError` subclass for a malformed header.
+
+    Example:
+        >>> read_header(header(RESULT, 2, 1, 16))
+        (4, 2, 1, 16)
+    """
+    h = M.check_header(head, types=KINDS, what="a coordinator message")
+    return h.type, h.args[0], h.args[1], h.length
 
 
 def name_hash(fn: Any) -> int:
@@ -72,114 +100,32 @@ def qualname_of(fn: Any) -> str:
     return name if isinstance(name, str) else type(fn).__qualname__
 
 
-def _pad(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+_HINT = (
+    "a scheduled function cannot return it: return NumPy arrays, numbers, strings, None, "
+    "or lists/tuples/dicts of them (e.g. v.numpy() for a variable)"
+)
 
 
-class _Encoder:
-    def __init__(self) -> None:
-        self.chunks: list[np.ndarray] = []
-        self.offset = 0
-        self.path: list[int] = []
+class _Failure:
+    """The error-info dict of a failed closure or sync point, in a message."""
 
-    def buffer(self, arr: np.ndarray) -> tuple[int, int]:
-        data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        at = self.offset
-        self.chunks.append(data)
-        self.offset += _pad(data.nbytes)
-        return at, int(data.nbytes)
-
-    def array(self, x: np.ndarray, where: str) -> list[Any]:
-        if x.dtype.kind in "OV":
-            raise TypeError(
-                f"{where} is an array of dtype {x.dtype}, which cannot be sent back without "
-                "pickle; return arrays of numbers, booleans, strings or dates"
-            )
-        return ["a", x.dtype.str, list(x.shape), *self.buffer(x)]
-
-    def node(self, x: Any, where: str) -> Any:
-        if x is None:
-            return ["n"]
-        if isinstance(x, np.generic):  # before float/complex/str: np.float64 is a float
-            node = self.array(np.asarray(x), where)
-            return ["g", node[1], *node[3:]]
-        if isinstance(x, bool):
-            return ["b", x]
-        if isinstance(x, int):
-            return ["i", int(x)]
-        if isinstance(x, float):
-            return ["f", float(x)]
-        if isinstance(x, complex):
-            return ["c", x.real, x.imag]
-        if isinstance(x, str):
-            return ["s", x]
-        if isinstance(x, (bytes, bytearray)):
-            return ["y", *self.buffer(np.frombuffer(bytes(x), np.uint8))]
-        if isinstance(x, np.ndarray) or is_cupy(x):
-            return self.array(to_host(x), where)
-        if id(x) in self.path:
-            raise TypeError(f"{where} contains itself; return a structure without cycles")
-        self.path.append(id(x))
-        try:
-            return self.container(x, where)
-        finally:
-            self.path.pop()
-
-    def container(self, x: Any, where: str) -> Any:
-        from hpcdist.distribute.values import Mirrored, PerReplica
-
-        if isinstance(x, (PerReplica, Mirrored)):
-            kind = "pr" if isinstance(x, PerReplica) else "mi"
-            return [kind, [self.node(v, f"{where}.values[{i}]") for i, v in enumerate(x.values)]]
-        if isinstance(x, tuple) and isinstance(getattr(type(x), "_fields", None), tuple):
-            cls = type(x)
-            items = [self.node(v, f"{where}.{f}") for f, v in zip(cls._fields, x, strict=True)]
-            return ["nt", cls.__module__, cls.__qualname__, items]
-        if isinstance(x, (list, tuple)):
-            items = [self.node(v, f"{where}[{i}]") for i, v in enumerate(x)]
-            return ["l" if isinstance(x, list) else "t", items]
-        if isinstance(x, dict):
-            return [
-                "d",
-                [
-                    [self.node(k, f"{where} key"), self.node(v, f"{where}[{k!r}]")]
-                    for k, v in x.items()
-                ],
-            ]
-        raise TypeError(
-            f"{where} is a {type(x).__module__}.{type(x).__qualname__}, which a scheduled "
-            "function cannot return: return NumPy arrays, numbers, strings, None, or "
-            "lists/tuples/dicts of them (e.g. v.numpy() for a variable)"
-        )
+    def __init__(self, info: Any) -> None:
+        self.info = info
 
 
-def encode_message(ok: bool, payload: Any) -> np.ndarray:
-    """One ``uint8`` buffer: ``payload`` is the value (``ok``) or an error-info dict (not ok).
-
-    Raises ``TypeError`` naming the part of the value that cannot be sent.
-
-    Example: ``decode_message(encode_message(True, [1, "a"]))`` is ``(True, [1, 'a'])``.
-    """
-    enc = _Encoder()
-    doc = {"ok": True, "v": enc.node(payload, "the result")} if ok else {"ok": False, "e": payload}
-    text = json.dumps(doc, separators=(",", ":")).encode()
-    start = _pad(8 + len(text))
-    out = np.zeros(start + enc.offset, np.uint8)
-    out[:4] = np.frombuffer(_MAGIC, np.uint8)
-    out[4:8] = np.frombuffer(np.uint32(len(text)).tobytes(), np.uint8)
-    out[8 : 8 + len(text)] = np.frombuffer(text, np.uint8)
-    at = start
-    for chunk in enc.chunks:
-        out[at : at + chunk.nbytes] = chunk
-        at += _pad(chunk.nbytes)
-    return out
-
-
-def _array(data: memoryview, start: int, dtype: str, shape: list[int], at: int, n: int) -> Any:
-    dt = np.dtype(dtype)
-    if n == 0:
-        return np.empty(shape, dt)
-    return np.frombuffer(data, dt, count=n // dt.itemsize, offset=start + at).reshape(shape).copy()
+def _extend(x: Any) -> tuple[str, Any] | None:
+    if isinstance(x, _Failure):
+        return "error", x.info
+    if is_cupy(x):
+        return "", to_host(x)  # encoded in place as the NumPy array
+    if isinstance(x, PerReplica):
+        return "PerReplica", list(x.values)
+    if isinstance(x, Mirrored):
+        return "Mirrored", list(x.values)
+    if isinstance(x, tuple) and isinstance(getattr(type(x), "_fields", None), tuple):
+        cls = type(x)
+        return "namedtuple", [cls.__module__, cls.__qualname__, list(x)]
+    return None
 
 
 def _namedtuple(module: str, qualname: str) -> type | None:
@@ -190,56 +136,55 @@ def _namedtuple(module: str, qualname: str) -> type | None:
     return obj if ok else None
 
 
-def _decode(node: list[Any], data: memoryview, start: int) -> Any:
-    kind = node[0]
-    if kind == "n":
-        return None
-    if kind in ("b", "i", "f", "s"):
-        return node[1]
-    if kind == "c":
-        return complex(node[1], node[2])
-    if kind == "y":
-        return bytes(data[start + node[1] : start + node[1] + node[2]])
-    if kind == "a":
-        return _array(data, start, *node[1:])
-    if kind == "g":
-        return _array(data, start, node[1], [], node[2], node[3])[()]
-    if kind in ("l", "t", "pr", "mi"):
-        items = [_decode(v, data, start) for v in node[1]]
-        if kind == "l":
-            return items
-        if kind == "t":
-            return tuple(items)
-        from hpcdist.distribute.values import Mirrored, PerReplica
+def _make_namedtuple(v: Any) -> tuple[Any, ...]:
+    module, qualname, items = v
+    cls = _namedtuple(str(module), str(qualname))
+    return tuple(items) if cls is None else cls(*items)
 
-        return (PerReplica if kind == "pr" else Mirrored)(items)
-    if kind == "nt":
-        items = [_decode(v, data, start) for v in node[3]]
-        cls = _namedtuple(node[1], node[2])
-        return tuple(items) if cls is None else cls(*items)
-    if kind == "d":
-        return {_decode(k, data, start): _decode(v, data, start) for k, v in node[1]}
-    raise ValueError(f"unknown node kind {kind!r} in a coordinator message")
+
+_EXTENSIONS: dict[str, Any] = {
+    "PerReplica": lambda v: PerReplica(list(v)),
+    "Mirrored": lambda v: Mirrored(list(v)),
+    "namedtuple": _make_namedtuple,
+    "error": _Failure,
+}
+
+
+def encode_message(ok: bool, payload: Any) -> np.ndarray:
+    """One ``uint8`` buffer: ``payload`` is the value (``ok``) or an error-info dict (not ok).
+
+    Raises :class:`~hpcdist.errors.MessageEncodeError` (a ``TypeError``) naming the part of
+    the value that cannot be sent.
+
+    Example: ``decode_message(encode_message(True, [1, "a"]))`` is ``(True, [1, 'a'])``.
+    """
+    value = payload if ok else _Failure(payload)
+    return M.encode_value(value, extend=_extend, what="the result", hint=_HINT)
 
 
 def decode_message(buf: Any) -> tuple[bool, Any]:
     """``(True, value)`` or ``(False, error_info)`` from a buffer :func:`encode_message` made.
 
-    Raises ``ValueError`` for a buffer that is not such a message.
+    Raises :class:`~hpcdist.errors.MessageError` (a ``ValueError``) for a buffer that is not
+    such a message.
 
     Example: ``decode_message(encode_message(False, {"message": "x"}))[0]`` is ``False``.
     """
-    data = memoryview(np.ascontiguousarray(buf, dtype=np.uint8)).cast("B")
-    if len(data) < 8 or bytes(data[:4]) != _MAGIC:
-        raise ValueError(
-            f"not a coordinator message (expected {_MAGIC!r} and a JSON header, found "
-            f"{bytes(data[:8])!r}); were the chief and the workers started from the same hpcdist?"
+    try:
+        doc = M.decode_value(buf, extensions=_EXTENSIONS)
+    except MessageError as e:
+        raise MessageError(
+            f"not a coordinator message ({e}); were the chief and the workers started from "
+            "the same hpcdist?"
+        ) from e
+    if not isinstance(doc, _Failure):
+        return True, doc
+    if not isinstance(doc.info, dict):
+        raise MessageError(
+            f"not a coordinator message (an error whose info is a {type(doc.info).__name__}; "
+            "expected a dict); were the chief and the workers started from the same hpcdist?"
         )
-    size = int(np.frombuffer(data[4:8], np.uint32)[0])
-    doc = json.loads(bytes(data[8 : 8 + size]))
-    if not doc["ok"]:
-        return False, doc["e"]
-    return True, _decode(doc["v"], data, _pad(8 + size))
+    return False, doc.info
 
 
 def _plain(args: tuple[Any, ...]) -> list[Any] | None:
@@ -318,9 +263,10 @@ def rebuild_error(info: dict) -> Exception:
     if info.get("worker", -1) >= 0:
         where.append(f"worker {info['worker']}")
     text = info.get("traceback", "")
-    exc.remote_traceback = text  # type: ignore[attr-defined]
-    exc.closure = info.get("closure", -1)  # type: ignore[attr-defined]
-    exc.worker = info.get("worker", -1)  # type: ignore[attr-defined]
+    extra: Any = exc  # attributes added to an exception of any type
+    extra.remote_traceback = text
+    extra.closure = info.get("closure", -1)
+    extra.worker = info.get("worker", -1)
     if text and hasattr(exc, "add_note"):
         exc.add_note(f"hpcdist: raised in {', '.join(where) or 'a worker'}; its traceback there:")
         exc.add_note(text.rstrip())
@@ -368,8 +314,6 @@ def is_proc_failed(exc: BaseException) -> bool:
     get = getattr(exc, "Get_error_class", None)
     if get is None:
         return False
-    from hpcdist.runtime.mpi import mpi
-
     MPI = mpi()
     failed = (getattr(MPI, "ERR_PROC_FAILED", 75), getattr(MPI, "ERR_PROC_FAILED_PENDING", 76))
     return get() in failed
@@ -380,9 +324,6 @@ def failed_ranks(comm: Any) -> set[int]:
 
     Example: ``dead = failed_ranks(comm)`` after an ``ERR_PROC_FAILED``.
     """
-    from hpcdist.runtime.failures import note_process_failure
-    from hpcdist.runtime.mpi import mpi
-
     MPI = mpi()
     comm.Ack_failed()
     note_process_failure()
@@ -407,6 +348,8 @@ __all__ = [
     "UnavailableError",
     "decode_message",
     "encode_message",
+    "header",
+    "read_header",
     "error_info",
     "failed_ranks",
     "is_proc_failed",

@@ -50,7 +50,10 @@ from typing import Any
 import numpy as np
 
 from hpcdist.distribute.ps import protocol as P
+from hpcdist.distribute.ps.strategy import ParameterServerStrategy
+from hpcdist.distribute.ps.variable import PSVariable
 from hpcdist.errors import CheckpointCorruptError, CheckpointError
+from hpcdist.runtime import mpi
 
 _CLIENTS_TAG = 7109  # the tag of Create_group for the clients' communicator
 
@@ -63,8 +66,6 @@ def is_ps_strategy(strategy: Any) -> bool:
         >>> is_ps_strategy(hd.distribute.get_strategy())
         False
     """
-    from hpcdist.distribute.ps.strategy import ParameterServerStrategy
-
     return isinstance(strategy, ParameterServerStrategy)
 
 
@@ -75,8 +76,6 @@ def ps_variables(objects: Any) -> list[Any]:
 
     Example: ``ps_variables([emb, opt])`` lists ``emb``'s shards and ``opt.iterations``.
     """
-    from hpcdist.distribute.ps.variable import PSVariable
-
     out: dict[int, Any] = {}
 
     def walk(x: Any) -> None:
@@ -350,8 +349,6 @@ def pause_clients(strategy: Any, comm: Any = None) -> Iterator[None]:
 
     Example: ``with pause_clients(strategy): if ext.should_checkpoint: save_ps_shards(...)``.
     """
-    from hpcdist.runtime import mpi
-
     _extended(strategy)
     own = comm is None
     comm = clients_comm(strategy) if own else comm

@@ -97,6 +97,7 @@ class PSClient:
 
     def _send(self, dest: int, h: np.ndarray, *payloads: np.ndarray) -> None:
         comm, MPI = self._comm, self._MPI
+        h[P.LENGTH] = sum(int(p.nbytes) for p in payloads)
         comm.Send([h, MPI.INT64_T], dest, P.TAG_HEADER)
         for p in payloads:
             comm.Send([p, MPI.BYTE], dest, P.TAG_PAYLOAD)
@@ -105,6 +106,7 @@ class PSClient:
         """The reply header from ``src``; a PSError with the server's message if it failed."""
         r = self._reply
         self._comm.Recv([r, self._MPI.INT64_T], src, P.TAG_REPLY)
+        P.check_reply(r)
         if r[P.STATUS] != P.STATUS_OK:
             text = np.empty(int(r[P.MSGLEN]), np.uint8)
             self._comm.Recv([text, self._MPI.BYTE], src, P.TAG_REPLY)

@@ -15,16 +15,16 @@ Example: ``Server(comm, clients)._handlers[P.OP_PULL](src, header, payloads)``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hpcdist.distribute.ps import protocol as P
 from hpcdist.distribute.ps import shard_file
+from hpcdist.errors import PSRequestError
 
-
-class OpError(Exception):
-    """A request that cannot be done; the message goes back to the client."""
+#: A request that cannot be done; the message goes back to the client.
+OpError = PSRequestError
 
 
 class Var:
@@ -61,6 +61,23 @@ class Handlers:
     staleness: Any
     _staged: dict[int, Any]
 
+    if TYPE_CHECKING:  # provided by Server
+
+        def send(self, buf: np.ndarray, dest: int, tag: int = P.TAG_REPLY) -> None: ...
+        def scratch(self, nbytes: int) -> np.ndarray: ...
+        def _reply_ok(
+            self,
+            src: int,
+            version: int = 0,
+            value: np.ndarray | None = None,
+            count: int = 0,
+            nbytes: int = 0,
+        ) -> None: ...
+        def _reply_json(self, src: int, obj: Any) -> None: ...
+        def stats(self) -> dict[str, Any]: ...
+        def _finish(self, src: int) -> None: ...
+        def _maybe_force(self) -> None: ...
+
     def _handler_table(self) -> dict[int, Any]:
         """Operation code -> handler method."""
         return {
@@ -85,7 +102,7 @@ class Handlers:
         var = self.vars.get(var_id)
         if var is None:
             raise OpError(f"no variable with id {var_id} exists on this parameter server")
-        return var  # type: ignore[return-value]
+        return var
 
     def _create(self, src: int, h: np.ndarray, pay: Any) -> None:
         vid = int(h[P.ID])

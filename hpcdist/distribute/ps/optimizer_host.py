@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,31 @@ from hpcdist.distribute.ps.protocol import OPTIMIZER_CLASSES, PSError, PSTypeErr
 from hpcdist.kernels import optim as kernels
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+#: Builds the ps-side optimizer of ``(class_name, config)``: an object with ``clipnorm``,
+#: ``clipvalue``, ``_slot_names()``, ``_hyper(lr, step, dtype)`` and ``_update(...)``.
+OptimizerFactory = Callable[[str, dict[str, Any]], Any]
+_factories: list[OptimizerFactory] = []
+
+
+def register_optimizer_factory(factory: OptimizerFactory) -> None:
+    """Set how the ps builds optimizers (``hpcdist.optimizers`` registers its ``deserialize``).
+
+    The ps layer sits below the optimizers: it defines this registration point and the
+    optimizers package fills it when imported (``import hpcdist`` imports it).
+
+    Example: ``register_optimizer_factory(lambda name, cfg: deserialize(...))``.
+    """
+    _factories[:] = [factory]
+
+
+def _build_optimizer(class_name: str, config: dict[str, Any]) -> Any:
+    if not _factories:
+        raise PSError(
+            "no optimizer factory is registered with the parameter server; import "
+            "hpcdist.optimizers (import hpcdist does) on the ps ranks before serving"
+        )
+    return _factories[0](class_name, config)
 
 
 class _State:
@@ -103,12 +129,10 @@ class OptimizerHost:
                     "optimizers in the same order"
                 )
             return
-        from hpcdist.optimizers import deserialize
-
         cfg = dict(config)
         cfg["learning_rate"] = 0.0  # each apply brings its own lr; schedules stay on the clients
         try:
-            opt = deserialize({"class_name": class_name, "config": cfg})
+            opt = _build_optimizer(class_name, cfg)
         except (TypeError, ValueError) as e:
             raise PSError(f"cannot build optimizer {class_name} from config {config!r}: {e}") from e
         names = set(opt._slot_names())

@@ -18,29 +18,44 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.distribute.ps.protocol import PSError
+from hpcdist.errors import MessageSizeError, PSError, PSRequestError
+from hpcdist.runtime.messages import check_payload
 
 
 class Live:
     """The payloads of one request, received from its client as the handler asks for them.
 
     ``server`` gives ``recv_payload(buf, src)`` (exact size) and
-    ``probe_payload(src) -> nbytes``; ``total`` is :func:`num_payloads` of the header.
+    ``probe_payload(src) -> nbytes``; ``total`` is :func:`num_payloads` of the header and
+    ``length`` its ``LENGTH`` word (the payload bytes announced; ``None``: not checked).
 
     Example: ``Live(server, src, 2).next_bytes()`` receives the first payload.
     """
 
-    def __init__(self, server: Any, src: int, total: int) -> None:
+    def __init__(self, server: Any, src: int, total: int, length: int | None = None) -> None:
         self.server = server
         self.src = src
         self.left = total
+        self.budget = length
         self._peeked: np.ndarray | None = None
+
+    def _spend(self, nbytes: int) -> None:
+        if self.budget is None:
+            return
+        try:
+            check_payload(nbytes, self.budget, "a parameter-server request")
+        except MessageSizeError as e:
+            self.left = 0  # the rest cannot be trusted
+            raise PSRequestError(str(e)) from None
+        self.budget -= nbytes
 
     def _receive(self) -> np.ndarray:
         if self.left <= 0:
             raise PSError("a request reads more payloads than its client sent (protocol error)")
+        n = self.server.probe_payload(self.src)
+        self._spend(n)
         self.left -= 1
-        buf = np.empty(self.server.probe_payload(self.src), np.uint8)
+        buf = np.empty(n, np.uint8)
         self.server.recv_payload(buf, self.src)
         return buf
 
@@ -64,6 +79,7 @@ class Live:
             return
         if self.left <= 0:
             raise PSError("a request reads more payloads than its client sent (protocol error)")
+        self._spend(buf.nbytes)
         self.left -= 1
         self.server.recv_payload(buf, self.src)
 

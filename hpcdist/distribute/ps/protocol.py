@@ -1,20 +1,22 @@
-"""The parameter-server wire protocol: fixed int64 headers, dtype codes, JSON control data.
+"""The parameter-server protocol, on the typed messages of :mod:`hpcdist.runtime.messages`.
 
-Every request is one header of :data:`HEADER_WORDS` int64 words sent with
-:data:`TAG_HEADER`, followed by zero or more payload messages from the same
-rank with :data:`TAG_PAYLOAD` (the server receives them with ``source=`` that
-rank, so a header and its payloads stay paired). Synchronous requests get a
-reply header (same size, :data:`TAG_REPLY`), an error message if the status is
-not zero, then the reply data. Arrays travel as raw bytes; control data (names,
-shapes, optimizer configs, stats) as UTF-8 JSON. Nothing is pickled.
+Every request is one message header (:data:`HEADER_WORDS` int64 words: magic, version,
+``TYPE`` = the operation, ``LENGTH`` = the payload bytes that follow, then the ps words
+below) sent with :data:`TAG_HEADER`, followed by zero or more payload messages from the same
+rank with :data:`TAG_PAYLOAD` (the server receives them with ``source=`` that rank, so a
+header and its payloads stay paired). Synchronous requests get a reply header (same size,
+type :data:`OP_REPLY`, :data:`TAG_REPLY`), an error message if the status is not zero, then
+the reply data. Arrays travel as raw bytes, received straight into their destination;
+control data (names, shapes, optimizer configs, stats) as typed message values
+(:func:`~hpcdist.runtime.messages.encode_value`). Nothing is pickled.
 
 A failed request's reply has STATUS :data:`STATUS_ERROR` (the client raises
 :class:`PSError`), :data:`STATUS_CHECKPOINT_CORRUPT` or :data:`STATUS_CHECKPOINT`
 (``CheckpointCorruptError`` / ``CheckpointError`` from :mod:`hpcdist.errors`).
-Checkpoint operations (SYNC, LIST, SAVE, RESTORE) carry JSON both ways.
+Checkpoint operations (SYNC, LIST, SAVE, RESTORE) carry control values both ways.
 
-Request header words: ``OP, ID, COUNT, NBYTES, DTYPE, NDIM, SHAPE[0..5], A, B, C, D``.
-Reply header words: ``STATUS, VERSION, COUNT, NBYTES, DTYPE, NDIM, SHAPE[0..5], MSGLEN``.
+Request ps words: ``ID, COUNT, NBYTES, DTYPE, NDIM, SHAPE[0..5], A, B, C, D``.
+Reply ps words: ``VERSION, COUNT, NBYTES, DTYPE, NDIM, SHAPE[0..5], MSGLEN, .., STATUS``.
 
 Example:
     >>> import numpy as np
@@ -27,24 +29,34 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from hpcdist.errors import (  # noqa: F401 (re-exported: users met them here)
+    CheckpointCorruptError,
+    CheckpointError,
+    MessageEncodeError,
+    MessageError,
+    PSError,
+    PSTypeError,
+)
+from hpcdist.runtime import messages as M
 
 # -- tags (on the ps communicator, a Dup used for nothing else) ------------------------------
 TAG_HEADER = 71
 TAG_PAYLOAD = 72
 TAG_REPLY = 73
 
-# -- header layout -----------------------------------------------------------------------------
-HEADER_WORDS = 16
+# -- header layout (a runtime.messages header; the ps words are its protocol words) -------------
+HEADER_WORDS = M.HEADER_WORDS
 MAX_NDIM = 6
-OP, ID, COUNT, NBYTES, DTYPE, NDIM = 0, 1, 2, 3, 4, 5
-SHAPE = 6
-A, B, C, D = 12, 13, 14, 15
-STATUS, VERSION, MSGLEN = 0, 1, 12  # reply words (COUNT..SHAPE as in a request)
+OP, LENGTH = M.TYPE, M.LENGTH
+ID, COUNT, NBYTES, DTYPE, NDIM = (M.ARGS + i for i in range(5))
+SHAPE = M.ARGS + 5
+A, B, C, D = (M.ARGS + 11 + i for i in range(4))
+VERSION, MSGLEN, STATUS = ID, A, M.ARGS + 15  # reply words (COUNT..SHAPE as in a request)
 
 # -- operations ----------------------------------------------------------------------------------
 OP_CREATE = 1
@@ -62,6 +74,7 @@ OP_SYNC = 12
 OP_LIST = 13
 OP_SAVE = 14
 OP_RESTORE = 15
+OP_REPLY = 16
 
 OP_NAMES = {
     OP_CREATE: "CREATE",
@@ -80,6 +93,9 @@ OP_NAMES = {
     OP_SAVE: "SAVE",
     OP_RESTORE: "RESTORE",
 }
+#: The request types a server accepts.
+REQUEST_OPS = frozenset(OP_NAMES)
+
 
 #: Requests without a reply; an error in one is reported by the client's next synchronous request.
 ASYNC_OPS = frozenset({OP_UPDATE, OP_APPLY, OP_APPLY_SPARSE})
@@ -93,7 +109,7 @@ STATUS_OK, STATUS_ERROR, STATUS_CHECKPOINT_CORRUPT, STATUS_CHECKPOINT = 0, 1, 2,
 OPTIMIZER_CLASSES = ("SGD", "Adam", "AdamW", "RMSprop")
 
 # -- dtypes ----------------------------------------------------------------------------------------
-_DTYPES = {
+_DTYPES: dict[int, np.dtype] = {
     1: np.dtype(np.float16),
     2: np.dtype(np.float32),
     3: np.dtype(np.float64),
@@ -103,31 +119,6 @@ _DTYPES = {
 }
 _CODES = {dt: code for code, dt in _DTYPES.items()}
 SUPPORTED_DTYPES = tuple(_DTYPES.values())
-
-
-class PSError(RuntimeError):
-    """A parameter-server request failed (bad request, mismatch, a failed ps, a closed client).
-
-    ``error_class`` is the MPI error class when an MPI call failed (e.g. 75,
-    ``MPI.ERR_PROC_FAILED``, when the ps died under ULFM), else ``None``.
-
-    Example:
-        >>> str(PSError("closed"))
-        'closed'
-    """
-
-    def __init__(self, message: str, error_class: int | None = None) -> None:
-        super().__init__(message)
-        self.error_class = error_class
-
-
-class PSTypeError(PSError, TypeError):
-    """A value of a dtype the parameter server cannot hold or optimize.
-
-    Example:
-        >>> isinstance(PSTypeError("complex64"), TypeError)
-        True
-    """
 
 
 def dtype_code(dtype: Any) -> int:
@@ -224,13 +215,12 @@ def encode_header(
     ``out`` (an int64 array of :data:`HEADER_WORDS`) is reused when given.
 
     Example:
-        >>> encode_header(OP_STATS)[:3]
-        array([10,  0,  0])
+        >>> h = encode_header(OP_STATS)
+        >>> int(h[OP]), int(h[ID]), M.check_header(h).type
+        (10, 0, 10)
     """
-    h = np.zeros(HEADER_WORDS, np.int64) if out is None else out
-    if out is not None:
-        h[:] = 0
-    h[OP], h[ID], h[COUNT] = op, var_id, count
+    h = M.new_header(op, out=out)
+    h[ID], h[COUNT] = var_id, count
     if value is not None:
         h[NBYTES] = value.nbytes
         h[DTYPE] = dtype_code(value.dtype)
@@ -259,6 +249,31 @@ def decode_header(h: np.ndarray) -> dict[str, Any]:
         "c": int(h[C]),
         "d": int(h[D]),
     }
+
+
+def check_request(h: np.ndarray) -> M.Header:
+    """Validate a received request header (magic, version, a known operation, size limit).
+
+    Raises a :class:`~hpcdist.errors.MessageError` subclass for a malformed header.
+
+    Example:
+        >>> check_request(encode_header(OP_STATS)).type == OP_STATS
+        True
+    """
+    return M.check_header(h, types=REQUEST_OPS, what="a parameter-server request")
+
+
+def check_reply(h: np.ndarray) -> M.Header:
+    """Validate a received reply header; a malformed one raises :class:`PSError`.
+
+    Example:
+        >>> check_reply(M.new_header(OP_REPLY)).length
+        0
+    """
+    try:
+        return M.check_header(h, types=(OP_REPLY,), what="a parameter-server reply")
+    except MessageError as e:
+        raise PSError(f"{e}") from e
 
 
 def num_payloads(h: np.ndarray) -> int:
@@ -290,8 +305,6 @@ def error_status(error: BaseException) -> int:
         >>> error_status(CheckpointCorruptError("bad")), error_status(KeyError("x"))
         (2, 1)
     """
-    from hpcdist.errors import CheckpointCorruptError, CheckpointError
-
     if isinstance(error, CheckpointCorruptError):
         return STATUS_CHECKPOINT_CORRUPT
     if isinstance(error, CheckpointError):
@@ -306,8 +319,6 @@ def error_of_status(status: int, message: str) -> Exception:
         >>> type(error_of_status(2, "bad")).__name__, type(error_of_status(1, "x")).__name__
         ('CheckpointCorruptError', 'PSError')
     """
-    from hpcdist.errors import CheckpointCorruptError, CheckpointError
-
     if status == STATUS_CHECKPOINT_CORRUPT:
         return CheckpointCorruptError(message)
     if status == STATUS_CHECKPOINT:
@@ -316,31 +327,36 @@ def error_of_status(status: int, message: str) -> Exception:
 
 
 def to_json_bytes(obj: Any) -> np.ndarray:
-    """``obj`` as UTF-8 JSON in a uint8 array (ready to send).
+    """``obj`` (control data) as a typed message value in a uint8 array, ready to send.
+
+    The name is historical: the encoding is :func:`hpcdist.runtime.messages.encode_value`.
 
     Example:
         >>> from_json_bytes(to_json_bytes({"a": [1, 2]}))
         {'a': [1, 2]}
     """
     try:
-        text = json.dumps(obj, sort_keys=True, allow_nan=True)
-    except TypeError as e:
+        return M.encode_value(obj, what="the control data")
+    except MessageEncodeError as e:
         raise PSTypeError(
-            f"control data for the parameter server must be JSON-able; {e}. Pass plain numbers, "
+            f"control data for the parameter server cannot travel: {e}. Pass plain numbers, "
             "strings, lists and dicts (e.g. optimizer.get_config())"
         ) from None
-    return np.frombuffer(text.encode("utf-8"), np.uint8).copy()
 
 
 def from_json_bytes(data: Any) -> Any:
     """Inverse of :func:`to_json_bytes` (accepts bytes or a uint8 array).
 
+    A malformed value raises :class:`PSError` (its cause is the typed message error).
+
     Example:
-        >>> from_json_bytes(b'[1, "x"]')
+        >>> from_json_bytes(to_json_bytes([1, "x"]))
         [1, 'x']
     """
-    raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
-    return json.loads(raw.decode("utf-8"))
+    try:
+        return M.decode_value(data)
+    except MessageError as e:
+        raise PSError(f"malformed parameter-server control data: {e}") from e
 
 
 def as_bytes(x: np.ndarray) -> np.ndarray:
@@ -376,6 +392,8 @@ __all__ = [
     "error_status",
     "dtype_code",
     "dtype_of",
+    "check_reply",
+    "check_request",
     "encode_header",
     "float_word",
     "from_json_bytes",

@@ -26,6 +26,7 @@ from hpcdist.distribute.ps import protocol as P
 from hpcdist.distribute.ps.handlers import Handlers, OpError, Var
 from hpcdist.distribute.ps.optimizer_host import OptimizerHost
 from hpcdist.distribute.ps.payloads import Live, Stored
+from hpcdist.errors import PSClientFailedError
 from hpcdist.runtime import mpi
 from hpcdist.runtime.failures import note_process_failure
 
@@ -68,12 +69,8 @@ class StalenessStats:
         }
 
 
-class ClientFailed(Exception):
-    """An MPI call with client ``rank`` failed because a process died (ULFM)."""
-
-    def __init__(self, rank: int) -> None:
-        super().__init__(rank)
-        self.rank = rank
+#: An MPI call with client ``rank`` failed because a process died (ULFM).
+ClientFailed = PSClientFailedError
 
 
 class Server(Handlers):
@@ -169,7 +166,12 @@ class Server(Handlers):
         return self.stats()
 
     def _serve_one(self, src: int, h: np.ndarray) -> None:
-        pay = Live(self, src, P.num_payloads(h))
+        try:
+            head = P.check_request(h)
+        except P.MessageError as e:  # no payload count to trust: reply and read nothing more
+            self._bad_header(src, h, e)
+            return
+        pay = Live(self, src, P.num_payloads(h), head.length)
         try:
             if src not in self.parked or src in self.done:
                 pay.drain()  # a stray request from a finished or unknown rank
@@ -181,6 +183,13 @@ class Server(Handlers):
             self._execute(src, h, pay)
             if int(h[P.OP]) == P.OP_CREATE:
                 self._unpark(force=False)
+        except ClientFailed as e:
+            self._acknowledge_failures(e.rank)
+
+    def _bad_header(self, src: int, h: np.ndarray, error: Exception) -> None:
+        try:
+            if src in self.parked and src not in self.done:
+                self._reply_error(src, f"malformed request header: {error}")
         except ClientFailed as e:
             self._acknowledge_failures(e.rank)
 
@@ -301,25 +310,24 @@ class Server(Handlers):
     # -- replies --------------------------------------------------------------------------------
     def _reply_ok(self, src: int, version: int = 0, value: np.ndarray | None = None, count: int = 0,
                   nbytes: int = 0) -> None:  # fmt: skip
-        r = self._reply
-        r[:] = 0
+        r = P.M.new_header(P.OP_REPLY, out=self._reply)
         r[P.VERSION], r[P.COUNT], r[P.NBYTES] = version, count, nbytes
         if value is not None:
             r[P.NBYTES] = value.nbytes
             r[P.DTYPE] = P.dtype_code(value.dtype)
             P.put_shape(r, value.shape)
+        r[P.LENGTH] = r[P.NBYTES]
         self.send(r.view(np.uint8), src)
 
     def _reply_json(self, src: int, obj: Any) -> None:
-        """A success reply whose data is ``obj`` as JSON (NBYTES says how long)."""
+        """A success reply whose data is ``obj`` as a message value (NBYTES says how long)."""
         text = P.to_json_bytes(obj)
         self._reply_ok(src, nbytes=text.nbytes)
         self.send(text, src)
 
     def _reply_error(self, src: int, message: str, status: int = P.STATUS_ERROR) -> None:
         text = P.to_json_bytes(message)
-        r = self._reply
-        r[:] = 0
+        r = P.M.new_header(P.OP_REPLY, length=text.nbytes, out=self._reply)
         r[P.STATUS] = status
         r[P.MSGLEN] = text.nbytes
         self.send(r.view(np.uint8), src)

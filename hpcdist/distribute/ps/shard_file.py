@@ -22,12 +22,13 @@ Example: ``info = write_shard("/ckpt/ckpt-3.ps-0.npz", 0, server.vars, server.ho
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import numpy as np
 
-from hpcdist.errors import CheckpointCorruptError, CheckpointError
+from hpcdist.errors import CheckpointCorruptError, CheckpointError, PSError
 from hpcdist.runtime.atomic import atomic_write_hashed, sha256_of
 
 FORMAT = "hpcdist-ps-shard"
@@ -88,7 +89,7 @@ def write_shard(
             f"ps task {ps} holds no variables with ids {missing}; it holds "
             f"{sorted(variables)}. Save variables of this strategy only"
         )
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, Any] = {}
     metas = []
     for vid in ids:
         var = variables[vid]
@@ -118,9 +119,7 @@ def write_shard(
                      "config": entry["config"], "states": states})  # fmt: skip
     meta = {"format": FORMAT, "version": VERSION, "ps": int(ps), "variables": metas,
             "optimizers": opts}  # fmt: skip
-    from hpcdist.distribute.ps.protocol import to_json_bytes
-
-    arrays[META_KEY] = to_json_bytes(meta)
+    arrays[META_KEY] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), np.uint8)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     digest, size = atomic_write_hashed(path, lambda f: np.savez(f, **arrays))
     return {"file": os.path.basename(path), "sha256": digest, "bytes": size,
@@ -197,9 +196,7 @@ class _Shard:
 
 
 def _json(arr: np.ndarray) -> Any:
-    from hpcdist.distribute.ps.protocol import from_json_bytes
-
-    return from_json_bytes(arr)
+    return json.loads(arr.tobytes().decode("utf-8"))
 
 
 #: One staged variable: (var id, value, version, [(opt id, class, step, {slot: array})]).
@@ -232,8 +229,6 @@ def stage_restore(
 
 
 def _stage(files: dict, items: list, variables: dict, host: Any, shards: dict) -> list:
-    from hpcdist.distribute.ps.protocol import PSError
-
     staged = []
     targets: set[int] = set()
     for item in items:

@@ -39,10 +39,21 @@ import numpy as np
 
 from hpcdist.arrays import to_host
 from hpcdist.cluster.base import ClusterResolver
+from hpcdist.cluster.detect import resolve
+from hpcdist.distribute import context
+from hpcdist.distribute import variables as vs
 from hpcdist.distribute.devices import Device, canonical_devices, check_devices_exist
 from hpcdist.distribute.extended import StrategyExtended
+from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
+from hpcdist.distribute.partitioners import shard_offsets, shard_sizes
+from hpcdist.distribute.ps.client import PSClient
 from hpcdist.distribute.ps.roles import PSRoles, roles_from_tasks
+from hpcdist.distribute.ps.server import serve
+from hpcdist.distribute.ps.variable import PSVariable
+from hpcdist.distribute.sharded_variable import ShardedVariable
 from hpcdist.distribute.strategy import Strategy
+from hpcdist.errors import ClusterConfigError
+from hpcdist.runtime import world
 
 log = logging.getLogger("hpcdist.ps")
 
@@ -56,8 +67,6 @@ def _tasks(comm: Any, resolver: ClusterResolver) -> list[tuple[str, int]]:
     views = comm.allgather(mine)
     bad = [f"rank {r}: {v[2]}" for r, v in enumerate(views) if v[2]]
     if bad:
-        from hpcdist.errors import ClusterConfigError
-
         raise ClusterConfigError("ParameterServerStrategy: no task for " + "; ".join(bad))
     return [(v[0], v[1]) for v in views]
 
@@ -90,6 +99,7 @@ class ParameterServerExtended(StrategyExtended):
         self._colocate_ps: int | None = None
         self._global_step_var: Any = None
         self._closed = False
+        self._cluster_resolver: ClusterResolver | None = None
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -116,7 +126,9 @@ class ParameterServerExtended(StrategyExtended):
         return r.is_chief or (r.chief_rank is None and r.worker_index == 0)
 
     # -- running: one pull per variable and step --------------------------------------------
-    def call_for_each_replica(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
+    def call_for_each_replica(
+        self, fn: Callable, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         """Run ``fn`` on every local replica; variables read in it are pulled once per call.
 
         The variables the previous call read are pulled up front, one batched
@@ -151,8 +163,6 @@ class ParameterServerExtended(StrategyExtended):
 
     def _create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
         """A PSVariable (or a ShardedVariable of them); sync-on-read variables stay local."""
-        from hpcdist.distribute import variables as vs
-
         self._check_open()
         if spec["synchronization"] is vs.VariableSynchronization.ON_READ:
             return super()._create_variable(initial_value, dtype, shape, spec)
@@ -162,9 +172,6 @@ class ParameterServerExtended(StrategyExtended):
         shards = self._num_shards(value)
         if shards <= 1:
             return self._new_ps_variable(value, spec)
-        from hpcdist.distribute.partitioners import shard_offsets, shard_sizes
-        from hpcdist.distribute.sharded_variable import ShardedVariable
-
         offsets = shard_offsets(shard_sizes(value.shape[0], shards))
         parts = [
             self._new_ps_variable(
@@ -188,8 +195,6 @@ class ParameterServerExtended(StrategyExtended):
         return min(int(parts[0]), value.shape[0])
 
     def _new_ps_variable(self, value: np.ndarray, spec: dict) -> Any:
-        from hpcdist.distribute.ps.variable import PSVariable
-
         var_id = next(self._next_id)
         ps = self._place(var_id)
         self._client.create(ps, var_id, value, spec["name"])
@@ -216,7 +221,30 @@ class ParameterServerExtended(StrategyExtended):
         finally:
             self._colocate_ps = previous
 
-    def _register_optimizer(self, optimizer: Any) -> int:
+    # -- the public interface of the ps updates (remote_updates) ---------------------------
+    @property
+    def strategy(self) -> Any:
+        """The :class:`ParameterServerStrategy` this extended API belongs to."""
+        return self._strategy
+
+    @property
+    def num_local_replicas(self) -> int:
+        """How many replicas this task runs."""
+        return self._num_local_replicas
+
+    @property
+    def ps_client(self) -> Any:
+        """The :class:`~hpcdist.distribute.ps.client.PSClient` that talks to the ps tasks."""
+        return self._client
+
+    def create_ps_variable(self, initial_value: Any, spec: dict) -> Any:
+        """A new variable on the ps (a PSVariable, or a ShardedVariable of them).
+
+        ``spec``: ``name``, ``trainable``, ``synchronization``, ``aggregation``.
+        """
+        return self._create_variable(initial_value, None, None, spec)
+
+    def register_optimizer(self, optimizer: Any) -> int:
         """The id of ``optimizer`` on the ps (registered with every ps on first use)."""
         key = getattr(optimizer, "_ps_ids", None)
         if key is None:
@@ -272,9 +300,6 @@ class ParameterServerStrategy(Strategy):
         devices: Sequence[str | Device] | None = None,
         exit_after_serving: bool = True,
     ) -> None:
-        from hpcdist.cluster.detect import resolve
-        from hpcdist.runtime import world
-
         if variable_partitioner is not None and not callable(variable_partitioner):
             raise TypeError(
                 "variable_partitioner must be a partitioner such as "
@@ -288,19 +313,14 @@ class ParameterServerStrategy(Strategy):
         self._roles = roles
         self._served: dict | None = None
         if roles.is_ps:
-            from hpcdist.distribute.ps.server import serve
-
             self._served = serve(ps_comm, roles.clients)
             log.info("ps %d: all clients done, stats %s", roles.task_id, self._served)
             if exit_after_serving:
                 sys.stdout.flush()
                 sys.exit(0)
-            self._extended = None  # type: ignore[assignment]
+            self._extended = None
             self._cluster_resolver = resolver
             return
-        from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
-        from hpcdist.distribute.ps.client import PSClient
-
         if devices is not None:
             local = check_devices_exist(canonical_devices(devices))
         else:
@@ -334,7 +354,9 @@ class ParameterServerStrategy(Strategy):
             )
         return self._extended
 
-    def distribute_datasets_from_function(self, dataset_fn: Callable[[Any], Any], options=None):
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[Any], Any], options: Any = None
+    ) -> Any:
         """Call ``dataset_fn(InputContext)`` on this worker; the context names its input pipeline.
 
         ``num_input_pipelines`` is the number of workers and ``input_pipeline_id``
@@ -392,19 +414,17 @@ def get_or_create_global_step(strategy: Any = None) -> Any:
 
     Example: ``step = get_or_create_global_step(); step.assign_add(1)``.
     """
-    from hpcdist.distribute import context
-    from hpcdist.distribute.variables import Variable, VariableAggregation
-
     strategy = strategy or context.get_strategy()
     ext = strategy.extended
     var = getattr(ext, "_global_step_var", None)
     if var is None:
         with strategy.scope():
-            var = Variable(
+            make: Any = vs.Variable  # its metaclass takes the tf.Variable arguments
+            var = make(
                 np.int64(0),
                 name="global_step",
                 trainable=False,
-                aggregation=VariableAggregation.ONLY_FIRST_REPLICA,
+                aggregation=vs.VariableAggregation.ONLY_FIRST_REPLICA,
             )
         ext._global_step_var = var
     return var

@@ -62,6 +62,35 @@ class PSVariable(Variable):
         self._device = None
         self._distribute_strategy = extended._strategy
 
+    # -- the public interface of the ps updates (remote_updates) ---------------------------
+    @property
+    def extended(self) -> Any:
+        """The ``ParameterServerExtended`` this variable belongs to."""
+        return self._ext
+
+    @property
+    def ps_task(self) -> int:
+        """The index of the ps task that holds the value."""
+        return self._ps
+
+    @property
+    def var_id(self) -> int:
+        """The variable's id on its ps task."""
+        return self._id
+
+    @property
+    def version(self) -> int:
+        """The number of updates the ps had applied when this task last read the value."""
+        return self._version
+
+    def invalidate(self) -> None:
+        """Forget the cached value: the next read pulls it from the ps."""
+        self._token = _UNSET
+
+    def set_cached(self, value: np.ndarray) -> None:
+        """Cache ``value`` (a value the ps just returned); the next run step pulls again."""
+        self._value, self._token = value, _UNSET
+
     # -- description (no pull) -------------------------------------------------------------
     @property
     def device(self) -> str:

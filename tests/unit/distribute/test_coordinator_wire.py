@@ -161,7 +161,7 @@ class Opaque:
         (Opaque(), "the result is a"),
         ({"a": [1, Opaque()]}, "the result['a'][1] is a"),
         (np.array([object()]), "dtype object"),
-        (np.zeros(2, dtype=[("a", "i4")]), "cannot be sent back without pickle"),
+        (np.zeros(2, dtype=[("a", "i4")]), "cannot travel without pickle"),
         ({1, 2}, "is a builtins.set"),
     ],
 )

@@ -105,10 +105,16 @@ log.append(["rest", cancelled])
 log.append(["after the error", int(coordinator.schedule(square, args=(3,)).fetch()["x"])])
 log.append(["done", coordinator.done()])
 
-# 5. a result that cannot be sent: TypeError on the worker, raised on every rank.
+# 5. a result that cannot be sent: MessageEncodeError (a TypeError) on the worker, raised on
+# every rank.
 coordinator.schedule(lambda: object())
 res = outcome(coordinator.join)
 log.append(["bad result", res[:2], "cannot return" in res[-1]])
+try:
+    coordinator.schedule(lambda: object())
+    coordinator.join()
+except TypeError as e:  # what code written for a plain TypeError catches
+    log.append(["bad result is a TypeError", type(e).__name__])
 
 
 # 6. per-worker datasets: each worker iterates its own shard, the chief never builds one.
