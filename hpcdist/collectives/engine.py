@@ -85,7 +85,12 @@ from hpcdist.collectives.fusion import (
     unfuse,
     wire_dtype,
 )
-from hpcdist.collectives.metadata import describe_arrays, mismatch_message, signature_hash
+from hpcdist.collectives.metadata import (
+    check_dtype,
+    describe_arrays,
+    mismatch_message,
+    signature_hash,
+)
 from hpcdist.collectives.mpi_backend import Call, PendingCollective, Plan, drive, poll
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.collectives.options import CommunicationImplementation as CI
@@ -97,13 +102,7 @@ from hpcdist.collectives.options import (
 from hpcdist.collectives.options import _Default as _DefaultTimeout
 from hpcdist.collectives.registry import Where, generation, pick
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
-from hpcdist.collectives.shm_backend import (
-    Mismatch,
-    NodePlan,
-    check_plan,
-    reduce_scatter_plan,
-    run_node_plan,
-)
+from hpcdist.collectives.shm_backend import Mismatch, NodePlan, check_plan, run_node_plan
 from hpcdist.errors import (
     CollectiveMismatchError,
     CollectiveStallWarning,
@@ -183,13 +182,7 @@ def _host_arrays(tensors: Any, operation: str) -> tuple[list[np.ndarray], list[t
     return items, places
 
 
-def _check_dtype(dtype: np.dtype, operation: str, index: int | None = None) -> None:
-    if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
-        where = "" if index is None else f" (tensor {index})"
-        raise TypeError(
-            f"{operation} got an array of dtype {dtype}{where}; expected a boolean, integer, "
-            "floating or complex dtype. Convert it with .astype(...) first"
-        )
+_check_dtype = check_dtype  # the name the engine used before metadata.check_dtype
 
 
 def _place(result: np.ndarray, place: tuple[str, int]) -> Any:
@@ -555,10 +548,17 @@ class Collectives:
 
     # -- internals ---------------------------------------------------------
 
-    def _device_path(self) -> DevicePath:
+    def device_path(self) -> DevicePath:
+        """The engine's device-array half (made on first use): what the device algorithms
+        (:mod:`hpcdist.collectives.algorithms`) use, see :class:`DevicePath`.
+
+        Example: ``call = engine.device_path().prepare(items, layout)``.
+        """
         if self._device is None:
             self._device = DevicePath(self)
         return self._device
+
+    _device_path = device_path
 
     def _merged(self, options: CommunicationOptions | None) -> CommunicationOptions:
         if self._generation != _DefaultTimeout.generation or _DefaultTimeout.unset:
@@ -777,8 +777,11 @@ class Collectives:
             raise
         self.report_mismatch(window, text)
 
-    def algorithm_for(self, layout: Layout, opts: CommunicationOptions) -> Any:
-        """The registered algorithm that runs an allreduce of ``layout`` with ``opts``.
+    def algorithm_for(
+        self, layout: Layout, opts: CommunicationOptions, operation: str = "allreduce"
+    ) -> Any:
+        """The registered algorithm that runs an allreduce (or ``operation``
+        ``"reduce_scatter"``) of ``layout`` with ``opts``, on host arrays.
 
         The first in :func:`hpcdist.collectives.registry.registered` order whose
         ``applies`` says yes. Collective on the engine's first call (topology).
@@ -789,12 +792,12 @@ class Collectives:
         if asked is CI.AUTO:
             asked = choice.env_implementation()
         route = choice.choose(asked, top.nodes, self._size, top.largest_node, _NO_ENV)
-        where = Where(top, layout, opts, route, asked is CI.AUTO, self._size)
+        where = Where(top, layout, opts, route, asked is CI.AUTO, self._size, operation=operation)
         return pick(where)
 
     def _reduce(
         self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, key: Any = None
-    ):
+    ) -> list[np.ndarray]:
         """Run the registered algorithm for this call (remembered per layout key, the
         environment variables that steer AUTO and the registry's generation)."""
         if key is None:
@@ -809,7 +812,8 @@ class Collectives:
                     self._picked.clear()
                 self._picked[picked_key] = algorithm
         self.last_algorithm = algorithm.name
-        return algorithm.allreduce(self, items, layout, opts)
+        fused: list[np.ndarray] = algorithm.allreduce(self, items, layout, opts)
+        return fused
 
     def describe(self, layout: Any) -> str:
         """The call's signature line, clipped for messages. Example: ``engine.describe(lay)``."""
@@ -828,22 +832,12 @@ class Collectives:
     def _reduce_scatter(
         self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, bounds: list[int]
     ) -> np.ndarray:
-        top = self.topology(opts.timeout_seconds)
-        impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
-        group = layout.groups[0]
-        fits = group.total * group.wire.itemsize <= (top.window.slot_bytes if top.window else 0)
-        if impl is CI.SHM and top.nodes == 1 and fits:
-            sig = self.count_call(layout, opts, _clip(layout.text))
-            agreed = layout if sig is None else sig
-            plan = reduce_scatter_plan(
-                top.window, layout, items[0], bounds, self._size, agreed.digest
-            )
-            return self.run_on_node(
-                top.window, plan, opts, agreed.text, _clip(layout.text), sig
-            )
-        full = self._reduce(items, layout, opts)[0]
-        lo, hi = bounds[self._rank], bounds[self._rank + 1]
-        return full[lo:hi].copy()
+        """This rank's block, by the first registered algorithm with a ``reduce_scatter``
+        that applies (as :meth:`_reduce` picks for allreduce)."""
+        algorithm = self.algorithm_for(layout, opts, "reduce_scatter")
+        self.last_algorithm = algorithm.name
+        block: np.ndarray = algorithm.reduce_scatter(self, items, layout, opts, bounds)
+        return block
 
     def run_mpi(
         self, plan: Plan, opts: CommunicationOptions, what: str, sig: _Sig | None = None

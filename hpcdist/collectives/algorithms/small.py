@@ -48,7 +48,8 @@ class SmallAllreduce:
         """One node (route SHM), no timeout, one dtype in one bucket, <= :data:`SMALL_BYTES`."""
         layout = where.layout
         return (
-            where.route is CI.SHM
+            not where.device
+            and where.route is CI.SHM
             and where.topology.window is not None
             and where.options.timeout_seconds is None
             and layout.nbytes <= SMALL_BYTES
