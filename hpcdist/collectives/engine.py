@@ -492,6 +492,100 @@ class Collectives:
             out = np.ascontiguousarray(np.moveaxis(out, 0, axis))
         return _place(out, place)
 
+    def allgather_list(
+        self, tensors: Sequence[np.ndarray], axis: int = 0,
+        options: CommunicationOptions | None = None,
+    ) -> list[np.ndarray]:
+        """:meth:`allgather` of each NumPy array of ``tensors``, in one engine call.
+
+        One ``Allgather`` of the row counts of every tensor and one
+        ``Allgatherv`` of all their bytes, whatever the number of tensors.
+        Results come from the engine's buffer pool (all views of one buffer):
+        a result the caller still holds is never overwritten by a later call.
+        Other array types (device, torch, ...) take :meth:`allgather` one by one.
+
+        Example: ``labels, preds = c.allgather_list([labels, preds])``.
+        """
+        items = list(tensors)
+        if not items or not all(x.__class__ is np.ndarray for x in items):
+            return [self.allgather(x, axis, options) for x in items]
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise TypeError(f"axis is {axis!r}; expected an int")
+        opts = self._merged(options)
+        moved = []
+        for x in items:
+            check_dtype(x.dtype, "allgather")
+            host = x.reshape(1) if x.ndim == 0 else x
+            if not -host.ndim <= axis < host.ndim:
+                raise ValueError(
+                    f"axis is {axis} for a tensor of shape {host.shape}; expected "
+                    f"{-host.ndim} <= axis < {host.ndim}"
+                )
+            if not host.dtype.isnative:
+                host = host.astype(host.dtype.newbyteorder("="))
+            a = int(axis) % host.ndim
+            moved.append(np.ascontiguousarray(host if a == 0 else np.moveaxis(host, a, 0)))
+        if self._size == 1:
+            return [np.array(x.reshape(1) if x.ndim == 0 else x, copy=True) for x in items]
+        tails = [(m.dtype, m.shape[1:]) for m in moved]
+        text = "allgather(axis={}, [{}], {})".format(
+            axis, ", ".join(f"{d}(*, {', '.join(map(str, t))})" for d, t in tails), _mode(opts)
+        )
+        layout = self.call_layout(("allgather_list", text), text)
+        what = f"allgather of {describe_arrays(items)} on this rank"
+        gathered = self.run_agreed(
+            layout, opts, what, lambda check: self._allgather_list_plan(moved, layout, check)
+        )
+        out = []
+        for x, g in zip(items, gathered, strict=True):
+            a = int(axis) % max(x.ndim, 1)
+            out.append(g if a == 0 else np.ascontiguousarray(np.moveaxis(g, 0, a)))
+        return out
+
+    def _allgather_list_plan(self, moved: list[np.ndarray], layout: _Simple, check: Any) -> Plan:
+        MPI = self._mpi
+        if check:
+            yield from self.agreement(check)
+        count = len(moved)
+        rows = np.zeros((self._size, count), dtype=np.int64)
+        yield Call("Allgather", (np.array([m.shape[0] for m in moved], np.int64), rows))
+        row_bytes = [math.prod(m.shape[1:]) * m.dtype.itemsize for m in moved]
+        sizes = rows * np.array(row_bytes, np.int64)  # bytes of [rank, tensor]
+        counts = sizes.sum(axis=1).tolist()
+        total = int(sum(counts))
+        # Results, tensor after tensor, in one pooled buffer (8-byte aligned starts).
+        starts, end = [], 0
+        for t in range(count):
+            starts.append(end)
+            end += -(-int(sizes[:, t].sum()) // 8) * 8
+        key = ("allgather_list", layout.digest, end, rows.tobytes())
+        result = self._pool.take(key, max(end, 1), np.dtype(np.uint8))
+        if total:
+            send = self._pool.take((*key, "send"), max(counts[self._rank], 1), np.dtype(np.uint8))
+            lo = 0
+            for m in moved:
+                send[lo : lo + m.nbytes] = m.reshape(-1).view(np.uint8)
+                lo += m.nbytes
+            recv = self._pool.take((*key, "recv"), max(total, 1), np.dtype(np.uint8))
+            displs = [0, *np.cumsum(counts)[:-1].tolist()]
+            yield Call(
+                "Allgatherv",
+                ([send[: counts[self._rank]], MPI.BYTE], [recv[:total], (counts, displs), MPI.BYTE]),
+            )
+            for r in range(self._size):  # rank r's block holds its tensors one after another
+                src = displs[r]
+                for t in range(count):
+                    n = int(sizes[r, t])
+                    dst = starts[t] + int(sizes[:r, t].sum())
+                    result[dst : dst + n] = recv[src : src + n]
+                    src += n
+        out = []
+        for t, m in enumerate(moved):
+            n = int(sizes[:, t].sum())
+            piece = result[starts[t] : starts[t] + n].view(m.dtype)
+            out.append(piece.reshape((int(rows[:, t].sum()), *m.shape[1:])))
+        return out
+
     def broadcast(
         self, tensors: Sequence[Any], root: int = 0, options: CommunicationOptions | None = None
     ) -> list[Any]:
