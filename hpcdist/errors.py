@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class HpcdistError(Exception):
     """Base class of every error raised by hpcdist."""
@@ -74,7 +76,7 @@ class CollectiveTimeoutError(HpcdistError, TimeoutError):
         (True, None)
     """
 
-    request = None  # the pending operation (has Wait() and Test()), set by the engine
+    request: Any = None  # the pending operation (has Wait() and Test()), set by the engine
 
 
 class CollectiveMismatchError(HpcdistError, ValueError):
@@ -142,6 +144,9 @@ class CollectiveStallWarning(RuntimeWarning):
         >>> issubclass(CollectiveStallWarning, RuntimeWarning)
         True
     """
+
+    request: Any = None  # raised as an error (-W error): the pending operation, as on a timeout
+    at: Any = None  # set by the engine while it finishes the pending operation
 
 
 __all__ = [

@@ -49,7 +49,7 @@ from hpcdist.collectives import choice
 from hpcdist.collectives.metadata import check_dtype, describe_arrays, signature_hash
 from hpcdist.collectives.mpi_backend import Call, Plan, drive
 from hpcdist.collectives.mpi_reduce import reduce_calls
-from hpcdist.collectives.nccl import NCCL_DTYPE_NAMES, NcclComm, nccl_available
+from hpcdist.collectives.nccl import NcclComm, nccl_available
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
@@ -221,7 +221,9 @@ class DevicePath:
                 "is not CUDA-aware (it would crash); please report this"
             )
 
-    def _mpi_reduce(self, comm: Any, flat: Any, op: ReduceOp, opts: Any, rt: Any, stream: int):
+    def _mpi_reduce(
+        self, comm: Any, flat: Any, op: ReduceOp, opts: Any, rt: Any, stream: int
+    ) -> None:
         """Reduce device buffer ``flat`` in place with CUDA-aware MPI (the stream is idle)."""
         self._device_to_mpi()
         work = flat
@@ -342,7 +344,10 @@ class DevicePath:
         flats = algorithm.allreduce(engine, items, layout, opts)
         return self._unfuse(layout, flats, op, rt, stream, out)
 
-    def _unfuse(self, layout, flats, op, rt, stream, out) -> list[Any]:
+    def _unfuse(
+        self, layout: Layout, flats: list[Any], op: ReduceOp, rt: DeviceRuntime, stream: int,
+        out: Any,
+    ) -> list[Any]:
         size = self._engine.size
         results: list[Any] = [None] * len(layout.shapes)
         for group, flat in zip(layout.groups, flats, strict=True):
@@ -374,7 +379,9 @@ class DevicePath:
             rt.copy(target, result, stream)
         return targets
 
-    def _on_device(self, tensors: Sequence[Any], operation: str):
+    def _on_device(
+        self, tensors: Sequence[Any], operation: str
+    ) -> tuple[list[Any], DeviceRuntime, int, int]:
         """The tensors all on one GPU (host arrays copied there), its runtime, GPU and stream."""
         first = next(t for t in tensors if type(t) is not np.ndarray and is_device_array(t))
         rt, gpu = device_arrays([first], operation)

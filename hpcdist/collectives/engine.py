@@ -109,6 +109,7 @@ from hpcdist.errors import (
     CollectiveTimeoutError,
 )
 from hpcdist.kernels import pack_pieces
+from hpcdist.runtime import mpi, world
 
 log = logging.getLogger("hpcdist")
 
@@ -252,8 +253,6 @@ class Collectives:
 
     def __init__(self, comm: Any = None, options: CommunicationOptions | None = None) -> None:
         if comm is None:
-            from hpcdist.runtime import world
-
             comm = world().comm
         if not (hasattr(comm, "Get_rank") and hasattr(comm, "Get_size")):
             raise TypeError(
@@ -283,8 +282,6 @@ class Collectives:
         #: The route of the last call on device arrays (see :mod:`hpcdist.collectives.device_path`).
         self.last_device_route: str | None = None
         if self._size > 1:
-            from hpcdist.runtime import mpi
-
             self._mpi = mpi()
 
     @property
@@ -365,14 +362,14 @@ class Collectives:
         if out is not None:
             out = self._check_out(out, layout)
         if self._size == 1:
-            results = [
+            results: list[Any] = [
                 a.copy() if a.dtype.kind in "fcb" or op is not ReduceOp.MEAN
                 else np.asarray(divide_mean(a, 1))
                 for a in items
             ]
             return self._deliver(results, places, out)
         fused = self._reduce(items, layout, opts, key)
-        results: list[Any] = [None] * len(items)
+        results = [None] * len(items)
         for group, buf in zip(layout.groups, fused, strict=True):
             if op is ReduceOp.MEAN and group.wire.kind in "iu":
                 buf = divide_mean(buf, self._size)
@@ -568,10 +565,8 @@ class Collectives:
                 lo += m.nbytes
             recv = self._pool.take((*key, "recv"), max(total, 1), np.dtype(np.uint8))
             displs = [0, *np.cumsum(counts)[:-1].tolist()]
-            yield Call(
-                "Allgatherv",
-                ([send[: counts[self._rank]], MPI.BYTE], [recv[:total], (counts, displs), MPI.BYTE]),
-            )
+            mine = [send[: counts[self._rank]], MPI.BYTE]
+            yield Call("Allgatherv", (mine, [recv[:total], (counts, displs), MPI.BYTE]))
             for r in range(self._size):  # rank r's block holds its tensors one after another
                 src = displs[r]
                 for t in range(count):
@@ -681,7 +676,7 @@ class Collectives:
         if self._topology is None:
             comm = self._comm
             checked = timeout is not None
-            if checked and self._size > 1:
+            if timeout is not None and self._size > 1:
                 self._meet_before_setup(timeout)
             node, host_ranks = node_comm_of(comm)
             local_rank, local_size = node.Get_rank(), node.Get_size()

@@ -24,6 +24,7 @@ from hpcdist.collectives.mpi_reduce import message_ranges, reduce_calls
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.registry import Where
+from hpcdist.runtime import mpi
 
 if TYPE_CHECKING:
     from hpcdist.collectives.engine import Collectives
@@ -65,8 +66,6 @@ def mpi_plan(
 
     Example: ``engine.run_agreed(layout, opts, what, lambda c: mpi_plan(engine, ..., c))``.
     """
-    from hpcdist.runtime import mpi
-
     MPI = mpi()
     if check:
         yield from engine.agreement(check)

@@ -29,6 +29,7 @@ from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.registry import Where
+from hpcdist.runtime import mpi
 
 if TYPE_CHECKING:
     from hpcdist.collectives.engine import Collectives
@@ -65,9 +66,8 @@ class MpiBand:
         """
         if opts.timeout_seconds is not None or opts.mpi_message_bytes:
             return MPI_ALGORITHM.allreduce(engine, items, layout, opts)
-        from hpcdist.runtime import mpi
-
         window = engine.topology().window
+        assert window is not None  # (applies: route SHM, a window on this node)
         engine.count_call(layout, opts, layout.text)
         agreed, _ = window.sync(layout.digest, None)
         if not agreed:

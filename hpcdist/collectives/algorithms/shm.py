@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hpcdist.collectives.algorithms.mpi import block_by_allreduce
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.registry import Where
-from hpcdist.collectives.algorithms.mpi import block_by_allreduce
 from hpcdist.collectives.shm_backend import MpiStep, allreduce_plan, reduce_scatter_plan
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ def node_allreduce(
     :class:`ShmAllreduce`.
     """
     top = engine.topology(opts.timeout_seconds)
+    assert top.window is not None  # (applies: a window on this node)
     what = engine.describe(layout)
     sig = engine.count_call(layout, opts, what)
     agreed = layout if sig is None else sig

@@ -67,6 +67,7 @@ class SmallAllreduce:
     ) -> list[np.ndarray]:
         """The reduced buffer of the call's one group."""
         window = engine.topology().window
+        assert window is not None  # (applies: a window on this node)
         engine.count_call(layout, opts, layout.text)
         group = layout.groups[0]
         wire, total = group.wire, group.total
