@@ -40,7 +40,7 @@ import functools
 import platform
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -137,6 +137,40 @@ def judge_targets(
     ]
 
 
+def mpi_band_from_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> tuple[int, int]:
+    """AUTO's MPI band (``[lo, hi)`` bytes) derived from benchmark rows of one or more runs.
+
+    Per size, each of ``engine-shm`` and ``engine-mpi`` keeps its best time over
+    all runs; the band runs from the smallest size where MPI is faster to the
+    next measured size (above it) where the window is faster again (or the
+    largest size measured, doubled). ``(0, 0)``: MPI never wins. Where MPI wins
+    at several separate sizes, the band spans from the first to the end of the
+    last. This is how :data:`hpcdist.collectives.choice.MPI_BAND` is made:
+    ``python benchmarks/mpi_band.py`` prints it from ``benchmarks/results``.
+
+    Example:
+        >>> row = lambda n, shm, mpi: {"bytes": n, "seconds": {"engine-shm": shm,
+        ...                                                     "engine-mpi": mpi}}
+        >>> mpi_band_from_rows([[row(1, 1.0, 2.0), row(2, 3.0, 2.0), row(4, 1.0, 2.0)]])
+        (2, 4)
+    """
+    best: dict[int, dict[str, float]] = {}
+    for rows in runs:
+        for row in rows:
+            seconds = row["seconds"]
+            if "engine-shm" not in seconds or "engine-mpi" not in seconds:
+                continue
+            got = best.setdefault(int(row["bytes"]), {})
+            for name in ("engine-shm", "engine-mpi"):
+                got[name] = min(got.get(name, float("inf")), float(seconds[name]))
+    sizes = sorted(best)
+    wins = [n for n in sizes if best[n]["engine-mpi"] < best[n]["engine-shm"]]
+    if not wins:
+        return (0, 0)
+    above = [n for n in sizes if n > wins[-1]]
+    return (wins[0], above[0] if above else 2 * wins[-1])
+
+
 def _iters(nbytes: int, quick: bool) -> int:
     """Calls per repetition: short repetitions (about 2 MiB, at most 20 calls, one call
     from 2 MiB up), so that the best of many is one no other job interrupted."""
@@ -167,7 +201,7 @@ def measure_size(nbytes: int, *, comm: Any, strategy: Any, gloo: Gloo, repeats: 
     per_replica = strategy.experimental_distribute_values_from_function(lambda ctx: x)
 
     def step(g: Any) -> Any:
-        return hd.get_replica_context().all_reduce("SUM", g)
+        return cast(Any, hd.get_replica_context()).all_reduce("SUM", g)
 
     calls: dict[str, Callable[[], Any]] = {
         RAW: functools.partial(comm.Allreduce, x, recv, MPI.SUM),
@@ -228,7 +262,7 @@ def measure_resnet(*, comm: Any, strategy: Any, repeats: int) -> dict[str, Any]:
 
     MPI = mpi()
     rank = comm.Get_rank()
-    grads = resnet50_gradients(np.float32, fill=rank + 1)
+    grads = resnet50_gradients(np.dtype(np.float32), fill=rank + 1)
     pairs = [(g, np.empty_like(g)) for g in grads]
     engine = strategy.extended._collectives
 
@@ -237,9 +271,9 @@ def measure_resnet(*, comm: Any, strategy: Any, repeats: int) -> dict[str, Any]:
             comm.Allreduce(g, r, MPI.SUM)
 
     def step(gs: Any) -> Any:
-        return hd.get_replica_context().all_reduce("SUM", gs)
+        return cast(Any, hd.get_replica_context()).all_reduce("SUM", gs)
 
-    calls = {
+    calls: dict[str, Callable[[], Any]] = {
         "loop": loop,
         "engine": functools.partial(engine.allreduce, grads, ReduceOp.SUM),
         "run": functools.partial(strategy.run, step, (grads,)),
@@ -282,7 +316,7 @@ def measure_small_costs(*, comm: Any, strategy: Any, repeats: int) -> dict[str, 
     engine = strategy.extended._collectives
     x = np.ones(1024, np.float32)
     checked = CommunicationOptions(timeout_seconds=600)
-    calls = {
+    calls: dict[str, Callable[[], Any]] = {
         "unchecked": functools.partial(engine.allreduce, [x], ReduceOp.SUM),
         "checked": functools.partial(engine.allreduce, [x], ReduceOp.SUM, checked),
     }
@@ -339,7 +373,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "hpcdist bench strate
     max_bytes = args.max_bytes or ((1 << 20) if args.quick else BIGGEST)
     gloo = Gloo(None, None, "--no-gloo") if args.no_gloo else Gloo.start(comm)
     started = time.perf_counter()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for nbytes in size_list(args.min_bytes, max_bytes):
         times, picked = measure_size(nbytes, comm=comm, strategy=strategy, gloo=gloo,
                                      repeats=repeats, quick=args.quick)
@@ -386,7 +420,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "hpcdist bench strate
         print(f"  {t['status']:>7}  {t['name']} {t['threshold']} (worst {shown})")
     name = args.name or (NAME if w.size == 2 else f"{NAME}_mpi{w.size}")
     path = save_report(name, report, args.out)
-    xs = [r["bytes"] for r in rows]
+    xs = [float(r["bytes"]) for r in rows]
     save_line_plot(
         name, xs,
         {n: [r["seconds"][n] * 1e6 for r in rows] for n in names if n in rows[0]["seconds"]},
