@@ -21,6 +21,13 @@ NCCL is ``nccl`` (even on one rank); MPI/RING are ``mpi-device`` or
 ``staged``; SHM is ``staged``; HIERARCHICAL is ``hierarchical`` (``staged``
 without NCCL). Groups of a dtype NCCL lacks (int16, uint16) are staged.
 
+Each route is an algorithm of the registry (:mod:`hpcdist.collectives.registry`;
+``device-copy``, ``nccl``, ``nccl-hierarchical``, ``mpi-device``, ``device-staged``
+under :mod:`hpcdist.collectives.algorithms`): :meth:`DevicePath.allreduce` asks the
+registry with ``Where(device=True, device_route=...)`` and the algorithm works
+through this class's interface (:meth:`DevicePath.prepare`, :meth:`DevicePath.nccl_comm`,
+:meth:`DevicePath.agree`, :meth:`DevicePath.mpi_reduce`, :meth:`DevicePath.staged_reduce`).
+
 Stream order: all work of a call is enqueued on the caller's current stream
 of that GPU, after the kernels that produced the inputs and before whatever
 the caller enqueues next, so NCCL calls need no host synchronisation at all.

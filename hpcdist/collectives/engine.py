@@ -20,6 +20,11 @@ tensor list and cached) and reduced by the first algorithm of the registry
 * ``mpi``: buffer-mode mpi4py on the packed buffer
   (:mod:`hpcdist.collectives.mpi_reduce`).
 
+Device arrays walk the same registry, whose device algorithms (``device-copy``,
+``nccl``, ``nccl-hierarchical``, ``mpi-device``, ``device-staged``) come first
+and say no to host calls, as the host ones say no to device calls.
+reduce_scatter walks it too, asking the algorithms that have a ``reduce_scatter``.
+
 The algorithms and the device path use the engine's public interface:
 :meth:`Collectives.topology`, :meth:`Collectives.fused_layout`,
 :meth:`Collectives.call_layout`, :meth:`Collectives.count_call`,
