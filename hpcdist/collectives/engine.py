@@ -72,7 +72,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -189,6 +189,39 @@ def _host_arrays(tensors: Any, operation: str) -> tuple[list[np.ndarray], list[t
 
 
 _check_dtype = check_dtype  # the name the engine used before metadata.check_dtype
+
+
+#: Dtypes whose NumPy arrays need no check nor conversion on the way in (native order).
+_PLAIN_DTYPES = frozenset(
+    np.dtype(c) for c in "?bBhHiIlLqQefdgFDG" if np.dtype(c).isnative
+)
+_CPU = ("CPU", 0)
+
+
+def _plain_host_arrays(tensors: Any) -> list[tuple[str, int]] | None:
+    """The places of a plain list of C-contiguous NumPy arrays of native numeric dtypes
+    (the common case, checked without the general path's conversions); ``None`` otherwise."""
+    if tensors.__class__ is not list:
+        return None
+    for a in tensors:
+        if a.__class__ is not np.ndarray or a.dtype not in _PLAIN_DTYPES or not (
+            a.flags.c_contiguous
+        ):
+            return None
+    return [_CPU] * len(tensors)
+
+
+_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def _steering_env() -> tuple[Any, Any]:
+    """``HPCDIST_COLLECTIVES`` and ``HPCDIST_MPI_BAND`` as set now (read on every call, so
+    a change takes effect at once; on POSIX straight from ``os.environ``'s own store,
+    which ``os.environ[...] = ...`` updates, at a tenth of ``os.environ.get``'s cost)."""
+    if _ENV_BYTES is not None:
+        return _ENV_BYTES.get(b"HPCDIST_COLLECTIVES"), _ENV_BYTES.get(b"HPCDIST_MPI_BAND")
+    env = os.environ
+    return env.get(choice.ENV_VAR), env.get(choice.BAND_VAR)
 
 
 def _place(result: np.ndarray, place: tuple[str, int]) -> Any:
@@ -349,7 +382,14 @@ class Collectives:
 
         Example: ``c.allreduce([grad_w, grad_b], "MEAN")`` gives the averaged gradients.
         """
-        if interop.has_foreign(tensors) or (out is not None and interop.has_foreign(out)):
+        places = _plain_host_arrays(tensors)
+        plain = places is not None
+        if places is None:
+            if interop.has_foreign(tensors) or (out is not None and interop.has_foreign(out)):
+                return interop.call_with_native(
+                    lambda t, o: self.allreduce(t, op, options, out=o), tensors, out, "allreduce"
+                )
+        elif out is not None and interop.has_foreign(out):
             return interop.call_with_native(
                 lambda t, o: self.allreduce(t, op, options, out=o), tensors, out, "allreduce"
             )
@@ -357,9 +397,12 @@ class Collectives:
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
         opts = self._merged(options)
-        if has_device_arrays(tensors):
+        if places is not None:
+            items = cast("list[np.ndarray]", tensors)  # (checked by _plain_host_arrays)
+        elif has_device_arrays(tensors):
             return self._device_path().allreduce(tensors, op, opts, out)
-        items, places = _host_arrays(tensors, "allreduce")
+        else:
+            items, places = _host_arrays(tensors, "allreduce")
         key = (op, opts, *[(a.shape, a.dtype) for a in items])
         layout = self._layouts.get(key)
         if layout is None:
@@ -381,6 +424,8 @@ class Collectives:
             elif op is ReduceOp.MEAN and self._size == 1:
                 buf = divide_mean(buf, 1)
             unfuse(group, buf, layout.shapes, results)
+        if plain and out is None:
+            return results
         return self._deliver(results, places, out)
 
     @staticmethod
@@ -897,8 +942,7 @@ class Collectives:
         if key is None:
             algorithm = self.algorithm_for(layout, opts)
         else:
-            env = os.environ
-            picked_key = (key, env.get(choice.ENV_VAR), env.get(choice.BAND_VAR), generation())
+            picked_key = (key, *_steering_env(), generation())
             algorithm = self._picked.get(picked_key)
             if algorithm is None:
                 algorithm = self.algorithm_for(layout, opts)
