@@ -45,12 +45,12 @@ WINDOW_BUDGET_BYTES = 512 * 1024 * 1024
 MIN_SLOT_BYTES = 64 * 1024
 BAND_VAR = "HPCDIST_MPI_BAND"
 #: Sizes (bytes, ``[lo, hi)``) where, on one node of two ranks, MPI's allreduce
-#: beats the shared window: 4 MiB to 16 MiB. Derived from the committed 2-rank
+#: beats the shared window: 4 MiB to 32 MiB. Derived from the committed 2-rank
 #: results of ``hpcdist bench strategy`` (``benchmarks/results/strategy_collectives.json``
 #: and ``strategy_crossover.json``: per size the best ``engine-shm`` and ``engine-mpi``
 #: times) by ``python benchmarks/mpi_band.py``, which prints this line; rerun the
 #: benchmark and that script to regenerate it (docs/performance.md, "AUTO's MPI band").
-MPI_BAND = (4 << 20, 16 << 20)
+MPI_BAND = (4 << 20, 32 << 20)
 _band_cache: dict[str | None, tuple[int, int]] = {}
 
 

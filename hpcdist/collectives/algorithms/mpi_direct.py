@@ -1,7 +1,7 @@
 """AUTO's MPI band: on one node of two ranks, sizes where the MPI library wins.
 
 On this machine's Open MPI (two ranks, one node), ``MPI_Allreduce`` of 4 to
-16 MiB (about the L3 cache) beats the shared window's reduce-scatter, which
+32 MiB (about the L3 cache) beats the shared window's reduce-scatter, which
 streams every byte through memory twice; below and above that band the
 window is as fast or faster. :data:`hpcdist.collectives.choice.MPI_BAND` holds the band,
 measured with ``hpcdist bench strategy`` (see ``docs/performance.md``);
