@@ -346,9 +346,9 @@ class DevicePath:
         auto = asked is CI.AUTO and choice.env_implementation() is CI.AUTO
         where = Where(top, layout, opts, CI.MPI, auto, engine.size, True, route)
         algorithm = pick(where)
-        engine.last_algorithm = algorithm.name
-        self.last_route = engine.last_device_route = getattr(algorithm, "route", algorithm.name)
         flats = algorithm.allreduce(engine, items, layout, opts)
+        engine.last_algorithm = algorithm.name  # (after: staging runs a host algorithm inside)
+        self.last_route = engine.last_device_route = getattr(algorithm, "route", algorithm.name)
         return self._unfuse(layout, flats, op, rt, stream, out)
 
     def _unfuse(
