@@ -137,6 +137,40 @@ def judge_targets(
     ]
 
 
+def mpi_band_from_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> tuple[int, int]:
+    """AUTO's MPI band (``[lo, hi)`` bytes) derived from benchmark rows of one or more runs.
+
+    Per size, each of ``engine-shm`` and ``engine-mpi`` keeps its best time over
+    all runs; the band runs from the smallest size where MPI is faster to the
+    next measured size (above it) where the window is faster again (or the
+    largest size measured, doubled). ``(0, 0)``: MPI never wins. Where MPI wins
+    at several separate sizes, the band spans from the first to the end of the
+    last. This is how :data:`hpcdist.collectives.choice.MPI_BAND` is made:
+    ``python benchmarks/mpi_band.py`` prints it from ``benchmarks/results``.
+
+    Example:
+        >>> row = lambda n, shm, mpi: {"bytes": n, "seconds": {"engine-shm": shm,
+        ...                                                     "engine-mpi": mpi}}
+        >>> mpi_band_from_rows([[row(1, 1.0, 2.0), row(2, 3.0, 2.0), row(4, 1.0, 2.0)]])
+        (2, 4)
+    """
+    best: dict[int, dict[str, float]] = {}
+    for rows in runs:
+        for row in rows:
+            seconds = row["seconds"]
+            if "engine-shm" not in seconds or "engine-mpi" not in seconds:
+                continue
+            got = best.setdefault(int(row["bytes"]), {})
+            for name in ("engine-shm", "engine-mpi"):
+                got[name] = min(got.get(name, float("inf")), float(seconds[name]))
+    sizes = sorted(best)
+    wins = [n for n in sizes if best[n]["engine-mpi"] < best[n]["engine-shm"]]
+    if not wins:
+        return (0, 0)
+    above = [n for n in sizes if n > wins[-1]]
+    return (wins[0], above[0] if above else 2 * wins[-1])
+
+
 def _iters(nbytes: int, quick: bool) -> int:
     """Calls per repetition: short repetitions (about 2 MiB, at most 20 calls, one call
     from 2 MiB up), so that the best of many is one no other job interrupted."""
@@ -230,7 +264,7 @@ def measure_resnet(*, comm: Any, strategy: Any, repeats: int) -> dict[str, Any]:
 
     MPI = mpi()
     rank = comm.Get_rank()
-    grads = resnet50_gradients(np.float32, fill=rank + 1)
+    grads = resnet50_gradients(np.dtype(np.float32), fill=rank + 1)
     pairs = [(g, np.empty_like(g)) for g in grads]
     engine = strategy.extended._collectives
 
@@ -390,7 +424,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "hpcdist bench strate
         print(f"  {t['status']:>7}  {t['name']} {t['threshold']} (worst {shown})")
     name = args.name or (NAME if w.size == 2 else f"{NAME}_mpi{w.size}")
     path = save_report(name, report, args.out)
-    xs = [r["bytes"] for r in rows]
+    xs = [float(r["bytes"]) for r in rows]
     save_line_plot(
         name, xs,
         {n: [r["seconds"][n] * 1e6 for r in rows] for n in names if n in rows[0]["seconds"]},

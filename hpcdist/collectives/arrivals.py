@@ -36,12 +36,14 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from hpcdist.collectives.metadata import rank_ranges
 from hpcdist.errors import CollectiveStallWarning, CollectiveTimeoutError
+from hpcdist.runtime import mpi
 
 log = logging.getLogger("hpcdist")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -109,8 +111,6 @@ class ArrivalBoard:
     """
 
     def __init__(self, comm: Any) -> None:
-        from hpcdist.runtime import mpi
-
         MPI = mpi()
         self._MPI = MPI
         self.rank = int(comm.Get_rank())
@@ -268,7 +268,8 @@ _QUERY, _ANSWER = 1, 2  # tags on the board's own communicator
 
 def _caller_level() -> int:
     """The ``stacklevel`` of the first frame outside hpcdist (the user's call), for warnings."""
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         level, frame = level + 1, frame.f_back
     return level

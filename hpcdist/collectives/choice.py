@@ -16,8 +16,9 @@ wins over it. ``RING`` is MPI's own algorithms; ``NCCL`` applies to GPU arrays
 
 Within the route, the algorithm registry (:mod:`hpcdist.collectives.registry`)
 picks the algorithm: on one node of two ranks AUTO sends calls in the size
-band :data:`MPI_BAND` to the MPI library, which is faster there (measured by
-``hpcdist bench strategy``; ``HPCDIST_MPI_BAND=lo:hi`` in bytes replaces it).
+band :data:`MPI_BAND` to the MPI library, which is faster there (derived from
+``hpcdist bench strategy`` results by ``benchmarks/mpi_band.py``;
+``HPCDIST_MPI_BAND=lo:hi`` in bytes replaces it).
 
 Example:
     >>> from hpcdist.collectives.options import CommunicationImplementation as CI
@@ -44,9 +45,11 @@ WINDOW_BUDGET_BYTES = 512 * 1024 * 1024
 MIN_SLOT_BYTES = 64 * 1024
 BAND_VAR = "HPCDIST_MPI_BAND"
 #: Sizes (bytes, ``[lo, hi)``) where, on one node of two ranks, MPI's allreduce
-#: beats the shared window: 4 MiB to 32 MiB, judged over several runs of
-#: ``hpcdist bench strategy`` (``benchmarks/results/strategy_*.json``; see
-#: docs/performance.md): at 1-2 MiB the window was as fast, from 32 MiB faster.
+#: beats the shared window: 4 MiB to 32 MiB. Derived from the committed 2-rank
+#: results of ``hpcdist bench strategy`` (``benchmarks/results/strategy_collectives.json``
+#: and ``strategy_crossover.json``: per size the best ``engine-shm`` and ``engine-mpi``
+#: times) by ``python benchmarks/mpi_band.py``, which prints this line; rerun the
+#: benchmark and that script to regenerate it (docs/performance.md, "AUTO's MPI band").
 MPI_BAND = (4 << 20, 32 << 20)
 _band_cache: dict[str | None, tuple[int, int]] = {}
 

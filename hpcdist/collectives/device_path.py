@@ -21,6 +21,13 @@ NCCL is ``nccl`` (even on one rank); MPI/RING are ``mpi-device`` or
 ``staged``; SHM is ``staged``; HIERARCHICAL is ``hierarchical`` (``staged``
 without NCCL). Groups of a dtype NCCL lacks (int16, uint16) are staged.
 
+Each route is an algorithm of the registry (:mod:`hpcdist.collectives.registry`;
+``device-copy``, ``nccl``, ``nccl-hierarchical``, ``mpi-device``, ``device-staged``
+under :mod:`hpcdist.collectives.algorithms`): :meth:`DevicePath.allreduce` asks the
+registry with ``Where(device=True, device_route=...)`` and the algorithm works
+through this class's interface (:meth:`DevicePath.prepare`, :meth:`DevicePath.nccl_comm`,
+:meth:`DevicePath.agree`, :meth:`DevicePath.mpi_reduce`, :meth:`DevicePath.staged_reduce`).
+
 Stream order: all work of a call is enqueued on the caller's current stream
 of that GPU, after the kernels that produced the inputs and before whatever
 the caller enqueues next, so NCCL calls need no host synchronisation at all.
@@ -41,19 +48,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from hpcdist.collectives import choice
-from hpcdist.collectives.metadata import describe_arrays, signature_hash
-from hpcdist.collectives.mpi_backend import drive
+from hpcdist.collectives.metadata import check_dtype, describe_arrays, signature_hash
+from hpcdist.collectives.mpi_backend import Call, Plan, drive
 from hpcdist.collectives.mpi_reduce import reduce_calls
-from hpcdist.collectives.nccl import NCCL_DTYPE_NAMES, NcclComm, nccl_available
+from hpcdist.collectives.nccl import NcclComm, nccl_available
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
+from hpcdist.collectives.registry import Where, pick
+from hpcdist.runtime import cuda_aware_support
 from hpcdist.runtime.device import DeviceRuntime, device_arrays, is_device_array, runtime_for
+
+if TYPE_CHECKING:
+    from hpcdist.collectives.engine import Collectives
+    from hpcdist.collectives.fusion import Layout
 
 ROUTES = ("copy", "nccl", "mpi-device", "staged", "hierarchical")
 
@@ -112,8 +125,22 @@ def _on_gpu(method: Any) -> Any:
     return wrapper
 
 
-def _wire_op(op: ReduceOp) -> ReduceOp:
+def wire_op(op: ReduceOp) -> ReduceOp:
+    """The op the wire runs: MEAN is a SUM (divided afterwards). Example: ``wire_op(op)``."""
     return ReduceOp.SUM if op is ReduceOp.MEAN else op
+
+
+_wire_op = wire_op
+
+
+class DeviceCall(NamedTuple):
+    """What a device algorithm works with (:meth:`DevicePath.prepare`)."""
+
+    rt: DeviceRuntime  # the arrays' runtime (CuPy's, or a test's fake)
+    gpu: int  # the GPU the call runs on
+    stream: int  # the caller's current stream there: all work is enqueued on it
+    srcs: list[Any]  # per group: what it is reduced from (a tensor's view or the packed flat)
+    flats: list[Any]  # per group: the flat device buffer the result goes into
 
 
 class DevicePath:
@@ -124,9 +151,7 @@ class DevicePath:
 
     PINNED_LIMIT = 64  # pinned buffers kept (one per call shape and group)
 
-    def __init__(self, engine: Any) -> None:
-        from hpcdist.runtime import cuda_aware_support
-
+    def __init__(self, engine: Collectives) -> None:
         self._engine = engine
         self.cuda_aware = engine.size > 1 and cuda_aware_support() is True
         self._nccl: dict[tuple[str, int], Any] = {}
@@ -203,7 +228,9 @@ class DevicePath:
                 "is not CUDA-aware (it would crash); please report this"
             )
 
-    def _mpi_reduce(self, comm: Any, flat: Any, op: ReduceOp, opts: Any, rt: Any, stream: int):
+    def _mpi_reduce(
+        self, comm: Any, flat: Any, op: ReduceOp, opts: Any, rt: Any, stream: int
+    ) -> None:
         """Reduce device buffer ``flat`` in place with CUDA-aware MPI (the stream is idle)."""
         self._device_to_mpi()
         work = flat
@@ -240,18 +267,20 @@ class DevicePath:
             rt.from_host(flat, host, stream)
             self._released((key, i), rt, stream)
 
-    # -- allreduce -----------------------------------------------------------------------
-    @_on_gpu
-    def allreduce(
-        self, tensors: Sequence[Any], op: ReduceOp, opts: CommunicationOptions, out: Any
-    ) -> list[Any]:
-        """The engine's allreduce for device arrays (see the module docstring)."""
-        engine = self._engine
-        items, rt, gpu, stream = self._on_device(tensors, "allreduce")
-        key = ("device-allreduce", op, opts, *[(t.shape, np.dtype(t.dtype)) for t in items])
-        layout = engine.fused_layout(key, items, op, opts)
-        route = self._route(opts, rt)
-        srcs, flats = [], []  # what each group is reduced from, and into
+    # -- the interface of the device algorithms ------------------------------------------
+    def prepare(self, items: Sequence[Any], layout: Layout) -> DeviceCall:
+        """The call's GPU, runtime and stream, and each group's source and result buffer.
+
+        A group of one tensor is read in place (its source is a view of the
+        tensor); the tensors of a larger group are packed (one kernel) into
+        its result buffer, which is then also its source. Example (in a
+        device algorithm): ``call = engine.device_path().prepare(items, layout)``.
+        """
+        first = items[0]
+        rt = runtime_for(first)
+        gpu = rt.device_id(first)
+        stream = rt.current_stream(gpu)
+        srcs, flats = [], []
         for group in layout.groups:
             flat = rt.empty(group.total, group.wire, gpu)
             members = [rt.view(items[index], group.wire) for index, _, _ in group.members]
@@ -261,47 +290,71 @@ class DevicePath:
                 rt.pack(members, flat, stream)
                 srcs.append(flat)
             flats.append(flat)
-        wire_op = _wire_op(op)
-        if route in ("nccl", "hierarchical") and not all(
-            g.wire in NCCL_DTYPE_NAMES for g in layout.groups
-        ):
-            route = self.last_route = engine.last_device_route = "staged"
-        if route == "staged":
-            self._staged_reduce(engine, srcs, flats, wire_op, opts, rt, stream, layout.digest)
-        else:
-            if route != "copy":
-                self._agree(layout.text, opts)
-            for src, flat in zip(srcs, flats, strict=True):
-                self._reduce_one(route, src, flat, wire_op, opts, rt, gpu, stream, layout.digest)
+        return DeviceCall(rt, gpu, stream, srcs, flats)
+
+    def nccl_comm(self, scope: str, device: int) -> Any:
+        """The NCCL communicator of ``scope`` ("world" or "node") on GPU ``device``.
+
+        Made (collectively) on first use. Example: ``dp.nccl_comm("world", call.gpu)``.
+        """
+        return self._comm(scope, device)
+
+    def agree(self, text: str, opts: CommunicationOptions) -> None:
+        """Every rank checks that the others run the call ``text`` (see :meth:`_agree`).
+
+        Example: ``dp.agree(layout.text, opts)`` before the first NCCL call of a call.
+        """
+        self._agree(text, opts)
+
+    def mpi_reduce(
+        self, comm: Any, flat: Any, op: ReduceOp, opts: CommunicationOptions,
+        rt: DeviceRuntime, stream: int,
+    ) -> None:
+        """Reduce device buffer ``flat`` in place with CUDA-aware MPI on ``comm``.
+
+        Refuses (an internal error) when MPI is not CUDA-aware. Example:
+        ``dp.mpi_reduce(engine.comm, flat, ReduceOp.SUM, opts, rt, stream)``.
+        """
+        self._mpi_reduce(comm, flat, op, opts, rt, stream)
+
+    def staged_reduce(
+        self, srcs: list[Any], flats: list[Any], op: ReduceOp, opts: CommunicationOptions,
+        call: DeviceCall, key: Any, leaders: bool = False,
+    ) -> None:
+        """Reduce ``srcs`` into ``flats`` through pinned host memory: the engine's host
+        path (``leaders``: MPI among the node leaders instead).
+
+        Example: ``dp.staged_reduce(call.srcs, call.flats, op, opts, call, layout.digest)``.
+        """
+        engine = None if leaders else self._engine
+        self._staged_reduce(engine, srcs, flats, op, opts, call.rt, call.stream, key)
+
+    # -- allreduce -----------------------------------------------------------------------
+    @_on_gpu
+    def allreduce(
+        self, tensors: Sequence[Any], op: ReduceOp, opts: CommunicationOptions, out: Any
+    ) -> list[Any]:
+        """The engine's allreduce for device arrays: the first registered device algorithm
+        that applies (see :mod:`hpcdist.collectives.registry`) reduces the groups."""
+        engine = self._engine
+        items, rt, _, stream = self._on_device(tensors, "allreduce")
+        key = ("device-allreduce", op, opts, *[(t.shape, np.dtype(t.dtype)) for t in items])
+        layout = engine.fused_layout(key, items, op, opts)
+        route = self._route(opts, rt)
+        top = engine.topology(opts.timeout_seconds)
+        asked = opts.implementation
+        auto = asked is CI.AUTO and choice.env_implementation() is CI.AUTO
+        where = Where(top, layout, opts, CI.MPI, auto, engine.size, True, route)
+        algorithm = pick(where)
+        flats = algorithm.allreduce(engine, items, layout, opts)
+        engine.last_algorithm = algorithm.name  # (after: staging runs a host algorithm inside)
+        self.last_route = engine.last_device_route = getattr(algorithm, "route", algorithm.name)
         return self._unfuse(layout, flats, op, rt, stream, out)
 
-    def _reduce_one(self, route, src, flat, op, opts, rt, gpu, stream, key) -> None:
-        """Reduce device buffer ``src`` into ``flat`` (they may be one buffer) by ``route``."""
-        engine = self._engine
-        if route == "nccl":
-            self._comm("world", gpu).allreduce(src, flat, op, stream)
-            return
-        if route != "hierarchical":  # copy, mpi-device
-            if src is not flat:
-                rt.copy(flat, src, stream)
-            if route == "mpi-device":
-                self._mpi_reduce(engine.comm, flat, op, opts, rt, stream)
-            return
-        top = engine.topology()
-        node = self._comm("node", gpu) if top.node.Get_size() > 1 else None
-        if node is not None:
-            node.reduce(src, flat, op, 0, stream)
-        elif src is not flat:
-            rt.copy(flat, src, stream)
-        if top.leaders is not None:
-            if self.cuda_aware:
-                self._mpi_reduce(top.leaders, flat, op, opts, rt, stream)
-            else:
-                self._staged_reduce(None, [flat], [flat], op, opts, rt, stream, ("leaders", key))
-        if node is not None:
-            node.broadcast(flat, 0, stream)
-
-    def _unfuse(self, layout, flats, op, rt, stream, out) -> list[Any]:
+    def _unfuse(
+        self, layout: Layout, flats: list[Any], op: ReduceOp, rt: DeviceRuntime, stream: int,
+        out: Any,
+    ) -> list[Any]:
         size = self._engine.size
         results: list[Any] = [None] * len(layout.shapes)
         for group, flat in zip(layout.groups, flats, strict=True):
@@ -333,7 +386,9 @@ class DevicePath:
             rt.copy(target, result, stream)
         return targets
 
-    def _on_device(self, tensors: Sequence[Any], operation: str):
+    def _on_device(
+        self, tensors: Sequence[Any], operation: str
+    ) -> tuple[list[Any], DeviceRuntime, int, int]:
         """The tensors all on one GPU (host arrays copied there), its runtime, GPU and stream."""
         first = next(t for t in tensors if type(t) is not np.ndarray and is_device_array(t))
         rt, gpu = device_arrays([first], operation)
@@ -342,10 +397,8 @@ class DevicePath:
             t if is_device_array(t) else rt.to_device(np.asarray(t), gpu, stream) for t in tensors
         ]
         device_arrays(items, operation)
-        from hpcdist.collectives.engine import _check_dtype
-
         for i, t in enumerate(items):
-            _check_dtype(np.dtype(t.dtype), operation, i)
+            check_dtype(np.dtype(t.dtype), operation, i)
         return items, rt, gpu, stream
 
     # -- broadcast -----------------------------------------------------------------------
@@ -464,8 +517,9 @@ class DevicePath:
         self._pinned.clear()
 
 
-def iter_bcast(flat: Any, root: int) -> Any:
-    """The MPI plan of broadcasting device buffer ``flat`` (CUDA-aware MPI)."""
-    from hpcdist.collectives.mpi_backend import Call
+def iter_bcast(flat: Any, root: int) -> Plan:
+    """The MPI plan of broadcasting device buffer ``flat`` (CUDA-aware MPI).
 
+    Example: ``drive(comm, iter_bcast(flat, 0), None, "broadcast")``.
+    """
     yield Call("Bcast", (flat, root))

@@ -20,6 +20,11 @@ tensor list and cached) and reduced by the first algorithm of the registry
 * ``mpi``: buffer-mode mpi4py on the packed buffer
   (:mod:`hpcdist.collectives.mpi_reduce`).
 
+Device arrays walk the same registry, whose device algorithms (``device-copy``,
+``nccl``, ``nccl-hierarchical``, ``mpi-device``, ``device-staged``) come first
+and say no to host calls, as the host ones say no to device calls.
+reduce_scatter walks it too, asking the algorithms that have a ``reduce_scatter``.
+
 The algorithms and the device path use the engine's public interface:
 :meth:`Collectives.topology`, :meth:`Collectives.fused_layout`,
 :meth:`Collectives.call_layout`, :meth:`Collectives.count_call`,
@@ -67,7 +72,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -85,7 +90,12 @@ from hpcdist.collectives.fusion import (
     unfuse,
     wire_dtype,
 )
-from hpcdist.collectives.metadata import describe_arrays, mismatch_message, signature_hash
+from hpcdist.collectives.metadata import (
+    check_dtype,
+    describe_arrays,
+    mismatch_message,
+    signature_hash,
+)
 from hpcdist.collectives.mpi_backend import Call, PendingCollective, Plan, drive, poll
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.collectives.options import CommunicationImplementation as CI
@@ -97,19 +107,14 @@ from hpcdist.collectives.options import (
 from hpcdist.collectives.options import _Default as _DefaultTimeout
 from hpcdist.collectives.registry import Where, generation, pick
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
-from hpcdist.collectives.shm_backend import (
-    NodePlan,
-    _Mismatch,
-    check_plan,
-    reduce_scatter_plan,
-    run_node_plan,
-)
+from hpcdist.collectives.shm_backend import NodePlan, _Mismatch, check_plan, run_node_plan
 from hpcdist.errors import (
     CollectiveMismatchError,
     CollectiveStallWarning,
     CollectiveTimeoutError,
 )
 from hpcdist.kernels import pack_pieces
+from hpcdist.runtime import mpi, world
 
 log = logging.getLogger("hpcdist")
 
@@ -183,13 +188,40 @@ def _host_arrays(tensors: Any, operation: str) -> tuple[list[np.ndarray], list[t
     return items, places
 
 
-def _check_dtype(dtype: np.dtype, operation: str, index: int | None = None) -> None:
-    if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
-        where = "" if index is None else f" (tensor {index})"
-        raise TypeError(
-            f"{operation} got an array of dtype {dtype}{where}; expected a boolean, integer, "
-            "floating or complex dtype. Convert it with .astype(...) first"
-        )
+_check_dtype = check_dtype  # the name the engine used before metadata.check_dtype
+
+
+#: Dtypes whose NumPy arrays need no check nor conversion on the way in (native order).
+_PLAIN_DTYPES = frozenset(
+    np.dtype(c) for c in "?bBhHiIlLqQefdgFDG" if np.dtype(c).isnative
+)
+_CPU = ("CPU", 0)
+
+
+def _plain_host_arrays(tensors: Any) -> list[tuple[str, int]] | None:
+    """The places of a plain list of C-contiguous NumPy arrays of native numeric dtypes
+    (the common case, checked without the general path's conversions); ``None`` otherwise."""
+    if tensors.__class__ is not list:
+        return None
+    for a in tensors:
+        if a.__class__ is not np.ndarray or a.dtype not in _PLAIN_DTYPES or not (
+            a.flags.c_contiguous
+        ):
+            return None
+    return [_CPU] * len(tensors)
+
+
+_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def _steering_env() -> tuple[Any, Any]:
+    """``HPCDIST_COLLECTIVES`` and ``HPCDIST_MPI_BAND`` as set now (read on every call, so
+    a change takes effect at once; on POSIX straight from ``os.environ``'s own store,
+    which ``os.environ[...] = ...`` updates, at a tenth of ``os.environ.get``'s cost)."""
+    if _ENV_BYTES is not None:
+        return _ENV_BYTES.get(b"HPCDIST_COLLECTIVES"), _ENV_BYTES.get(b"HPCDIST_MPI_BAND")
+    env = os.environ
+    return env.get(choice.ENV_VAR), env.get(choice.BAND_VAR)
 
 
 def _place(result: np.ndarray, place: tuple[str, int]) -> Any:
@@ -259,8 +291,6 @@ class Collectives:
 
     def __init__(self, comm: Any = None, options: CommunicationOptions | None = None) -> None:
         if comm is None:
-            from hpcdist.runtime import world
-
             comm = world().comm
         if not (hasattr(comm, "Get_rank") and hasattr(comm, "Get_size")):
             raise TypeError(
@@ -290,8 +320,6 @@ class Collectives:
         #: The route of the last call on device arrays (see :mod:`hpcdist.collectives.device_path`).
         self.last_device_route: str | None = None
         if self._size > 1:
-            from hpcdist.runtime import mpi
-
             self._mpi = mpi()
 
     @property
@@ -354,7 +382,14 @@ class Collectives:
 
         Example: ``c.allreduce([grad_w, grad_b], "MEAN")`` gives the averaged gradients.
         """
-        if interop.has_foreign(tensors) or (out is not None and interop.has_foreign(out)):
+        places = _plain_host_arrays(tensors)
+        plain = places is not None
+        if places is None:
+            if interop.has_foreign(tensors) or (out is not None and interop.has_foreign(out)):
+                return interop.call_with_native(
+                    lambda t, o: self.allreduce(t, op, options, out=o), tensors, out, "allreduce"
+                )
+        elif out is not None and interop.has_foreign(out):
             return interop.call_with_native(
                 lambda t, o: self.allreduce(t, op, options, out=o), tensors, out, "allreduce"
             )
@@ -362,9 +397,12 @@ class Collectives:
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
         opts = self._merged(options)
-        if has_device_arrays(tensors):
+        if places is not None:
+            items = cast("list[np.ndarray]", tensors)  # (checked by _plain_host_arrays)
+        elif has_device_arrays(tensors):
             return self._device_path().allreduce(tensors, op, opts, out)
-        items, places = _host_arrays(tensors, "allreduce")
+        else:
+            items, places = _host_arrays(tensors, "allreduce")
         key = (op, opts, *[(a.shape, a.dtype) for a in items])
         layout = self._layouts.get(key)
         if layout is None:
@@ -372,20 +410,22 @@ class Collectives:
         if out is not None:
             out = self._check_out(out, layout)
         if self._size == 1:
-            results = [
+            results: list[Any] = [
                 a.copy() if a.dtype.kind in "fcb" or op is not ReduceOp.MEAN
                 else np.asarray(divide_mean(a, 1))
                 for a in items
             ]
             return self._deliver(results, places, out)
         fused = self._reduce(items, layout, opts, key)
-        results: list[Any] = [None] * len(items)
+        results = [None] * len(items)
         for group, buf in zip(layout.groups, fused, strict=True):
             if op is ReduceOp.MEAN and group.wire.kind in "iu":
                 buf = divide_mean(buf, self._size)
             elif op is ReduceOp.MEAN and self._size == 1:
                 buf = divide_mean(buf, 1)
             unfuse(group, buf, layout.shapes, results)
+        if plain and out is None:
+            return results
         return self._deliver(results, places, out)
 
     @staticmethod
@@ -499,6 +539,98 @@ class Collectives:
             out = np.ascontiguousarray(np.moveaxis(out, 0, axis))
         return _place(out, place)
 
+    def allgather_list(
+        self, tensors: Sequence[np.ndarray], axis: int = 0,
+        options: CommunicationOptions | None = None,
+    ) -> list[np.ndarray]:
+        """:meth:`allgather` of each NumPy array of ``tensors``, in one engine call.
+
+        One ``Allgather`` of the row counts of every tensor and one
+        ``Allgatherv`` of all their bytes, whatever the number of tensors.
+        Results come from the engine's buffer pool (all views of one buffer):
+        a result the caller still holds is never overwritten by a later call.
+        Other array types (device, torch, ...) take :meth:`allgather` one by one.
+
+        Example: ``labels, preds = c.allgather_list([labels, preds])``.
+        """
+        items = list(tensors)
+        if not items or not all(x.__class__ is np.ndarray for x in items):
+            return [self.allgather(x, axis, options) for x in items]
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise TypeError(f"axis is {axis!r}; expected an int")
+        opts = self._merged(options)
+        moved = []
+        for x in items:
+            check_dtype(x.dtype, "allgather")
+            host = x.reshape(1) if x.ndim == 0 else x
+            if not -host.ndim <= axis < host.ndim:
+                raise ValueError(
+                    f"axis is {axis} for a tensor of shape {host.shape}; expected "
+                    f"{-host.ndim} <= axis < {host.ndim}"
+                )
+            if not host.dtype.isnative:
+                host = host.astype(host.dtype.newbyteorder("="))
+            a = int(axis) % host.ndim
+            moved.append(np.ascontiguousarray(host if a == 0 else np.moveaxis(host, a, 0)))
+        if self._size == 1:
+            return [np.array(x.reshape(1) if x.ndim == 0 else x, copy=True) for x in items]
+        tails = [(m.dtype, m.shape[1:]) for m in moved]
+        text = "allgather(axis={}, [{}], {})".format(
+            axis, ", ".join(f"{d}(*, {', '.join(map(str, t))})" for d, t in tails), _mode(opts)
+        )
+        layout = self.call_layout(("allgather_list", text), text)
+        what = f"allgather of {describe_arrays(items)} on this rank"
+        gathered = self.run_agreed(
+            layout, opts, what, lambda check: self._allgather_list_plan(moved, layout, check)
+        )
+        out = []
+        for x, g in zip(items, gathered, strict=True):
+            a = int(axis) % max(x.ndim, 1)
+            out.append(g if a == 0 else np.ascontiguousarray(np.moveaxis(g, 0, a)))
+        return out
+
+    def _allgather_list_plan(self, moved: list[np.ndarray], layout: _Simple, check: Any) -> Plan:
+        MPI = self._mpi
+        if check:
+            yield from self.agreement(check)
+        count = len(moved)
+        rows = np.zeros((self._size, count), dtype=np.int64)
+        yield Call("Allgather", (np.array([m.shape[0] for m in moved], np.int64), rows))
+        row_bytes = [math.prod(m.shape[1:]) * m.dtype.itemsize for m in moved]
+        sizes = rows * np.array(row_bytes, np.int64)  # bytes of [rank, tensor]
+        counts = sizes.sum(axis=1).tolist()
+        total = int(sum(counts))
+        # Results, tensor after tensor, in one pooled buffer (8-byte aligned starts).
+        starts, end = [], 0
+        for t in range(count):
+            starts.append(end)
+            end += -(-int(sizes[:, t].sum()) // 8) * 8
+        key = ("allgather_list", layout.digest, end, rows.tobytes())
+        result = self._pool.take(key, max(end, 1), np.dtype(np.uint8))
+        if total:
+            send = self._pool.take((*key, "send"), max(counts[self._rank], 1), np.dtype(np.uint8))
+            lo = 0
+            for m in moved:
+                send[lo : lo + m.nbytes] = m.reshape(-1).view(np.uint8)
+                lo += m.nbytes
+            recv = self._pool.take((*key, "recv"), max(total, 1), np.dtype(np.uint8))
+            displs = [0, *np.cumsum(counts)[:-1].tolist()]
+            mine = [send[: counts[self._rank]], MPI.BYTE]
+            yield Call("Allgatherv", (mine, [recv[:total], (counts, displs), MPI.BYTE]))
+            for r in range(self._size):  # rank r's block holds its tensors one after another
+                src = displs[r]
+                for t in range(count):
+                    n = int(sizes[r, t])
+                    dst = starts[t] + int(sizes[:r, t].sum())
+                    result[dst : dst + n] = recv[src : src + n]
+                    src += n
+        out = []
+        for t, m in enumerate(moved):
+            n = int(sizes[:, t].sum())
+            piece = result[starts[t] : starts[t] + n].view(m.dtype)
+            out.append(piece.reshape((int(rows[:, t].sum()), *m.shape[1:])))
+        return out
+
     def broadcast(
         self, tensors: Sequence[Any], root: int = 0, options: CommunicationOptions | None = None
     ) -> list[Any]:
@@ -555,10 +687,17 @@ class Collectives:
 
     # -- internals ---------------------------------------------------------
 
-    def _device_path(self) -> DevicePath:
+    def device_path(self) -> DevicePath:
+        """The engine's device-array half (made on first use): what the device algorithms
+        (:mod:`hpcdist.collectives.algorithms`) use, see :class:`DevicePath`.
+
+        Example: ``call = engine.device_path().prepare(items, layout)``.
+        """
         if self._device is None:
             self._device = DevicePath(self)
         return self._device
+
+    _device_path = device_path
 
     def _merged(self, options: CommunicationOptions | None) -> CommunicationOptions:
         if self._generation != _DefaultTimeout.generation or _DefaultTimeout.unset:
@@ -587,7 +726,7 @@ class Collectives:
         if self._topology is None:
             comm = self._comm
             checked = timeout is not None
-            if checked and self._size > 1:
+            if timeout is not None and self._size > 1:
                 self._meet_before_setup(timeout)
             node, host_ranks = node_comm_of(comm)
             local_rank, local_size = node.Get_rank(), node.Get_size()
@@ -777,8 +916,11 @@ class Collectives:
             raise
         self.report_mismatch(window, text)
 
-    def algorithm_for(self, layout: Layout, opts: CommunicationOptions) -> Any:
-        """The registered algorithm that runs an allreduce of ``layout`` with ``opts``.
+    def algorithm_for(
+        self, layout: Layout, opts: CommunicationOptions, operation: str = "allreduce"
+    ) -> Any:
+        """The registered algorithm that runs an allreduce (or ``operation``
+        ``"reduce_scatter"``) of ``layout`` with ``opts``, on host arrays.
 
         The first in :func:`hpcdist.collectives.registry.registered` order whose
         ``applies`` says yes. Collective on the engine's first call (topology).
@@ -789,19 +931,18 @@ class Collectives:
         if asked is CI.AUTO:
             asked = choice.env_implementation()
         route = choice.choose(asked, top.nodes, self._size, top.largest_node, _NO_ENV)
-        where = Where(top, layout, opts, route, asked is CI.AUTO, self._size)
+        where = Where(top, layout, opts, route, asked is CI.AUTO, self._size, operation=operation)
         return pick(where)
 
     def _reduce(
         self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, key: Any = None
-    ):
+    ) -> list[np.ndarray]:
         """Run the registered algorithm for this call (remembered per layout key, the
         environment variables that steer AUTO and the registry's generation)."""
         if key is None:
             algorithm = self.algorithm_for(layout, opts)
         else:
-            env = os.environ
-            picked_key = (key, env.get(choice.ENV_VAR), env.get(choice.BAND_VAR), generation())
+            picked_key = (key, *_steering_env(), generation())
             algorithm = self._picked.get(picked_key)
             if algorithm is None:
                 algorithm = self.algorithm_for(layout, opts)
@@ -809,7 +950,8 @@ class Collectives:
                     self._picked.clear()
                 self._picked[picked_key] = algorithm
         self.last_algorithm = algorithm.name
-        return algorithm.allreduce(self, items, layout, opts)
+        fused: list[np.ndarray] = algorithm.allreduce(self, items, layout, opts)
+        return fused
 
     def describe(self, layout: Any) -> str:
         """The call's signature line, clipped for messages. Example: ``engine.describe(lay)``."""
@@ -828,22 +970,12 @@ class Collectives:
     def _reduce_scatter(
         self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, bounds: list[int]
     ) -> np.ndarray:
-        top = self.topology(opts.timeout_seconds)
-        impl = choice.choose(opts.implementation, top.nodes, self._size, top.largest_node)
-        group = layout.groups[0]
-        fits = group.total * group.wire.itemsize <= (top.window.slot_bytes if top.window else 0)
-        if impl is CI.SHM and top.nodes == 1 and fits:
-            sig = self.count_call(layout, opts, _clip(layout.text))
-            agreed = layout if sig is None else sig
-            plan = reduce_scatter_plan(
-                top.window, layout, items[0], bounds, self._size, agreed.digest
-            )
-            return self.run_on_node(
-                top.window, plan, opts, agreed.text, _clip(layout.text), sig
-            )
-        full = self._reduce(items, layout, opts)[0]
-        lo, hi = bounds[self._rank], bounds[self._rank + 1]
-        return full[lo:hi].copy()
+        """This rank's block, by the first registered algorithm with a ``reduce_scatter``
+        that applies (as :meth:`_reduce` picks for allreduce)."""
+        algorithm = self.algorithm_for(layout, opts, "reduce_scatter")
+        self.last_algorithm = algorithm.name
+        block: np.ndarray = algorithm.reduce_scatter(self, items, layout, opts, bounds)
+        return block
 
     def run_mpi(
         self, plan: Plan, opts: CommunicationOptions, what: str, sig: _Sig | None = None

@@ -21,6 +21,8 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 SHOWN = 300  # characters of a signature shown in an error
 
 
@@ -116,3 +118,17 @@ def mismatch_message(operation: str, signatures: Sequence[str]) -> str:
         "same operation, reduce op, number of tensors, shapes, dtypes, root and\n"
         "options (timeout set or not, bytes_per_pack); fix the ranks that differ."
     )
+
+
+def check_dtype(dtype: np.dtype, operation: str, index: int | None = None) -> None:
+    """Raise a clear ``TypeError`` unless ``dtype`` is one the collectives reduce and move.
+
+    Booleans, integers, floats and complex numbers pass; objects, strings and
+    structured dtypes do not. Example: ``check_dtype(np.dtype(np.float32), "allreduce")``.
+    """
+    if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
+        where = "" if index is None else f" (tensor {index})"
+        raise TypeError(
+            f"{operation} got an array of dtype {dtype}{where}; expected a boolean, integer, "
+            "floating or complex dtype. Convert it with .astype(...) first"
+        )

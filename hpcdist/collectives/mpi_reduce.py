@@ -32,6 +32,7 @@ import numpy as np
 
 from hpcdist.collectives.mpi_backend import Call, Plan
 from hpcdist.collectives.ops import ReduceOp
+from hpcdist.runtime import mpi
 
 
 def message_ranges(total: int, itemsize: int, message_bytes: int) -> list[tuple[int, int]]:
@@ -50,8 +51,6 @@ def reduce_calls(comm: Any, buf: np.ndarray, op: ReduceOp, bytes_per_pack: int) 
 
     Example: see the module docstring.
     """
-    from hpcdist.runtime import mpi
-
     MPI = mpi()
     mpi_op = MPI.MIN if op is ReduceOp.MIN else MPI.MAX if op is ReduceOp.MAX else MPI.SUM
     size = comm.Get_size()

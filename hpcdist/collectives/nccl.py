@@ -79,13 +79,13 @@ def _unavailable(reason: str) -> NcclUnavailableError:
 def _find_real() -> tuple[Any | None, str]:
     """``(cupy.cuda.nccl, "")`` when it can be used, else ``(None, reason)``; never raises."""
     try:
-        import cupy
+        import cupy  # lazy: optional GPU dependency
     except ImportError as exc:
         return None, f"CuPy is not installed ({exc}); install e.g. cupy-cuda12x"
     except Exception as exc:
         return None, f"CuPy failed to import ({type(exc).__name__}: {exc})"
     try:
-        from cupy.cuda import nccl
+        from cupy.cuda import nccl  # lazy: optional GPU dependency
     except Exception as exc:
         return None, f"cupy.cuda.nccl failed to import ({type(exc).__name__}: {exc})"
     if not getattr(nccl, "available", False):
@@ -250,7 +250,8 @@ class NcclComm:
         """
         device = operator.index(device)
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-        provider, error = None, None
+        provider: Any = None
+        error: Exception | None = None
         uid = np.zeros(UNIQUE_ID_BYTES, np.int8)
         try:
             provider = nccl_provider()
@@ -388,7 +389,7 @@ def _on_device(provider: Any, device: int) -> contextlib.AbstractContextManager[
     """``cupy.cuda.Device(device)`` for the real provider; nothing for an injected one."""
     if _injected is not None and provider is _injected:
         return contextlib.nullcontext()
-    import cupy
+    import cupy  # lazy: optional GPU dependency
 
     return cupy.cuda.Device(device)
 

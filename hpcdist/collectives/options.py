@@ -24,7 +24,7 @@ import math
 import os
 from collections.abc import Mapping
 from numbers import Real
-from typing import Any
+from typing import Any, cast
 
 from hpcdist.cluster.envparse import short
 
@@ -106,7 +106,7 @@ def _check_timeout(value: Any) -> float | int | None:
         raise ValueError(
             f"timeout_seconds is {value!r}; expected None (no timeout) or a number > 0"
         )
-    return value
+    return cast("float | int", value)  # a finite Real > 0, as given
 
 
 class CommunicationOptions:

@@ -1,29 +1,40 @@
-"""The ordered registry of allreduce algorithms that AUTO walks.
+"""The ordered registry of reduction algorithms that AUTO walks, host and device.
 
 An *algorithm* is one module under :mod:`hpcdist.collectives.algorithms`
 with an object that follows :class:`Algorithm`:
 
-* ``name``: a short unique name (``"shm"``, ``"mpi"``, ...);
+* ``name``: a short unique name (``"shm"``, ``"mpi"``, ``"nccl"``, ...);
 * ``applies(where) -> bool``: whether it can and should run this call;
   ``where`` (a :class:`Where`) holds the engine's :class:`Topology`, the
   call's fusion layout, its merged options, the route that
   :func:`hpcdist.collectives.choice.choose` gives for the implementation
-  asked (``MPI``, ``SHM`` or ``HIERARCHICAL``) and whether the call asked
-  for ``AUTO``;
-* ``allreduce(engine, items, layout, opts) -> list[np.ndarray]``: run it,
-  returning one reduced wire-dtype buffer per group of ``layout``, through
-  the engine's public interface (:meth:`~hpcdist.collectives.Collectives.topology`,
+  asked (``MPI``, ``SHM`` or ``HIERARCHICAL``), whether the call asked
+  for ``AUTO``, whether its arrays are on a device (``device``; then
+  ``device_route`` is :func:`hpcdist.collectives.device_path.choose_route`'s
+  answer) and the operation (``"allreduce"`` or ``"reduce_scatter"``);
+* ``allreduce(engine, items, layout, opts) -> list``: run it, returning one
+  reduced wire-dtype buffer per group of ``layout`` (NumPy for host calls,
+  device buffers for device calls), through the engine's public interface
+  (:meth:`~hpcdist.collectives.Collectives.topology`,
   :meth:`~hpcdist.collectives.Collectives.run_agreed`,
-  :meth:`~hpcdist.collectives.Collectives.run_on_node`, ...).
+  :meth:`~hpcdist.collectives.Collectives.run_on_node`,
+  :meth:`~hpcdist.collectives.Collectives.device_path`, ...);
+* optionally ``reduce_scatter(engine, items, layout, opts, bounds) -> np.ndarray``:
+  this rank's block ``[bounds[rank], bounds[rank + 1])`` of the reduced
+  (one-tensor) layout. Only algorithms that have it are asked about a
+  reduce_scatter.
 
 The engine asks the algorithms in registry order and runs the first whose
-``applies`` says yes (as Horovod's ``OperationManager`` does); the last one,
-``mpi``, applies to everything. An algorithm that AUTO may pick must give
-every rank bitwise the same result.
+``applies`` says yes (as Horovod's ``OperationManager`` does). A host
+algorithm says no to device calls (``where.device``) and a device one to
+host calls; ``mpi`` (host) and ``device-staged`` (device) apply to every
+call of their kind, so every call finds one. An algorithm that AUTO may pick
+must give every rank bitwise the same result.
 
 Example:
-    >>> [a.name for a in registered()]
-    ['small', 'mpi-direct', 'shm', 'hierarchical', 'mpi']
+    >>> [a.name for a in registered()]  # doctest: +NORMALIZE_WHITESPACE
+    ['device-copy', 'nccl', 'nccl-hierarchical', 'mpi-device', 'device-staged',
+     'small', 'mpi-direct', 'shm', 'hierarchical', 'mpi']
 """
 
 from __future__ import annotations
@@ -50,6 +61,9 @@ class Where(NamedTuple):
     route: CI  # MPI, SHM or HIERARCHICAL: choice.choose's answer for the asked implementation
     auto: bool  # the call asked for AUTO (and HPCDIST_COLLECTIVES did not name a backend)
     size: int  # ranks of the engine's communicator
+    device: bool = False  # the call's arrays are device (GPU) arrays
+    device_route: str | None = None  # device calls: choose_route's answer ("nccl", ...)
+    operation: str = "allreduce"  # or "reduce_scatter"
 
 
 @runtime_checkable
@@ -68,7 +82,7 @@ class Algorithm(Protocol):
         items: Sequence[np.ndarray],
         layout: Layout,
         opts: CommunicationOptions,
-    ) -> list[np.ndarray]:
+    ) -> list[Any]:
         """The reduced wire-dtype buffer of each group of ``layout``."""
         ...
 
@@ -86,10 +100,26 @@ def generation() -> int:
 
 
 def _defaults() -> list[Any]:
-    from hpcdist.collectives.algorithms import hierarchical, mpi, mpi_direct, shm, small
+    # lazy: the algorithm modules import this one (Where) and the engine's helpers
+    from hpcdist.collectives.algorithms import (
+        device_copy,
+        device_mpi,
+        device_staged,
+        hierarchical,
+        mpi,
+        mpi_direct,
+        nccl,
+        nccl_hierarchical,
+        shm,
+        small,
+    )
 
-    return [small.ALGORITHM, mpi_direct.ALGORITHM, shm.ALGORITHM, hierarchical.ALGORITHM,
-            mpi.ALGORITHM]
+    return [
+        device_copy.ALGORITHM, nccl.ALGORITHM, nccl_hierarchical.ALGORITHM, device_mpi.ALGORITHM,
+        device_staged.ALGORITHM,
+        small.ALGORITHM, mpi_direct.ALGORITHM, shm.ALGORITHM, hierarchical.ALGORITHM,
+        mpi.ALGORITHM,
+    ]
 
 
 def registered() -> tuple[Algorithm, ...]:
@@ -142,9 +172,13 @@ def unregister(name: str) -> Algorithm:
 def pick(where: Where) -> Algorithm:
     """The first registered algorithm that applies to ``where``.
 
+    A reduce_scatter asks only the algorithms that have a ``reduce_scatter``.
     Example: ``pick(where).name`` is ``"shm"`` for a 1 MiB call on one node.
     """
+    scatter = where.operation == "reduce_scatter"
     for algorithm in registered():
+        if scatter and not hasattr(algorithm, "reduce_scatter"):
+            continue
         if algorithm.applies(where):
             return algorithm
     names = ", ".join(a.name for a in registered())

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.kernels import address_of, arrive_and_wait, wait_all
+from hpcdist.runtime import mpi, world
 from hpcdist.runtime.peers import PeerWatch
 
 LINE = 64  # bytes of one rank's flag line (a cache line)
@@ -70,8 +71,6 @@ class NodeWindow:
     """
 
     def __init__(self, node_comm: Any, slot_bytes: int, host_ranks: int | None = None) -> None:
-        from hpcdist.runtime import mpi
-
         MPI = mpi()
         self.comm = node_comm
         self.rank = int(node_comm.Get_rank())
@@ -91,7 +90,7 @@ class NodeWindow:
             tuple(base + which * self._set_bytes + k * self.slot_bytes for k in range(n))
             for which in (0, 1)
         )
-        self._views: dict[tuple[int, np.dtype, bool], np.ndarray] = {}
+        self._views: dict[tuple[int, Any, bool], np.ndarray] = {}
         self.flags = raw[: n * LINE].view(np.int64)
         self._data = raw[n * LINE :]
         self._seq = 0
@@ -238,8 +237,6 @@ def node_comm_of(comm: Any) -> tuple[Any, int]:
 
     Collective over ``comm``. Example: ``node, host_ranks = node_comm_of(MPI.COMM_WORLD)``.
     """
-    from hpcdist.runtime import mpi, world
-
     MPI = mpi()
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     host_ranks = shared.Get_size()
@@ -259,8 +256,6 @@ def shared_window(node_comm: Any, slot_bytes: int, host_ranks: int | None = None
     window (and its sequence of barriers), which is safe because every rank
     issues collectives in one order. Example: ``shared_window(node, 1 << 22)``.
     """
-    from hpcdist.runtime import mpi
-
     MPI = mpi()
     group = node_comm.Get_group()
     everyone = MPI.COMM_WORLD.Get_group()

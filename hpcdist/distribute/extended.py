@@ -463,10 +463,32 @@ class StrategyExtended:
         return local
 
     def _gather_to_host(self, value: Any, axis: int) -> Any:
+        leaves = nest.flatten(value)
+        batched = self._gather_batch(leaves, axis, None)
+        if batched is not None:
+            return nest.pack_sequence_as(value, [as_result(g) for g in batched])
         return nest.map_structure(lambda v: as_result(self._gather_leaf(v, axis)), value)
 
     def _all_gather_leaves(self, leaves: list[Any], axis: int, options: Any) -> list[Any]:
+        batched = self._gather_batch(leaves, axis, options)
+        if batched is not None:
+            return [place(g, self._devices) for g in batched]
         return [place(self._gather_leaf(v, axis, options), self._devices) for v in leaves]
+
+    def _gather_batch(self, leaves: list[Any], axis: int, options: Any) -> list[Any] | None:
+        """One replica per worker, NumPy values: every leaf in one engine call (pooled
+        results), else ``None``."""
+        if self._num_workers == 1 or len(self._devices) != 1 or not leaves:
+            return None
+        if self._devices[0].device_type != "CPU":
+            return None
+        comps = [self._gather_components(v) for v in leaves]
+        if not all(len(c) == 1 and c[0].__class__ is np.ndarray for c in comps):
+            return None
+        for (c,) in comps:
+            if not -c.ndim <= axis < c.ndim:
+                raise ValueError(f"axis {axis} is out of range for values of rank {c.ndim}")
+        return self._collectives.allgather_list([c for (c,) in comps], axis, options)
 
     # -- variables ----------------------------------------------------------------------------
     def update(

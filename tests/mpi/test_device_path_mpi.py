@@ -107,6 +107,7 @@ def test_staged_without_cuda_aware_mpi_never_gives_mpi_a_device_pointer(
     before = RUNTIME.calls["to_host"]
     out = engine.allreduce([fake(x) for x in inputs], op)
     assert engine.last_device_route == "staged"
+    assert engine.last_algorithm == "device-staged"  # the registry's device fallback
     assert RUNTIME.calls["to_host"] > before  # it went through host memory
     want = _expected(op, spy.Get_size())
     if op == "MAX":
@@ -160,6 +161,7 @@ def test_cuda_aware_mpi_gets_device_buffers(spy, monkeypatch, op):
     before = RUNTIME.calls["to_host"]
     out = engine.allreduce([fake(x) for x in inputs], op)
     assert engine.last_device_route == "mpi-device"
+    assert engine.last_algorithm == "mpi-device"
     assert RUNTIME.calls["to_host"] == before  # nothing staged
     assert "Allreduce" in spy.device_calls or "Reduce" in spy.device_calls
     want = [w for w in _expected(op, spy.Get_size()) if w.dtype.kind != "c" or op != "MIN"]
@@ -226,6 +228,9 @@ def test_nccl_routes(spy, monkeypatch, fake_nccl_provider, implementation, op):
     nodes = engine.topology().nodes
     expected_route = "hierarchical" if implementation == "HIERARCHICAL" and nodes > 1 else "nccl"
     assert engine.last_device_route == expected_route
+    assert engine.last_algorithm == {"nccl": "nccl", "hierarchical": "nccl-hierarchical"}[
+        expected_route
+    ]
     used = {k for k, v in fake_nccl_provider.calls.items() if v > before.get(k, 0)}
     if expected_route == "nccl":
         assert "allReduce" in used
@@ -245,6 +250,7 @@ def test_dtype_nccl_lacks_is_staged(spy, monkeypatch, fake_nccl_provider):
     engine = Collectives(spy)
     (out,) = engine.allreduce([fake(np.full(3, 2, np.int16))], "SUM")
     assert engine.last_device_route == "staged"
+    assert engine.last_algorithm == "device-staged"  # nccl does not apply to int16
     np.testing.assert_array_equal(out.get(), np.full(3, 2 * spy.Get_size(), np.int16))
     engine.close()
 

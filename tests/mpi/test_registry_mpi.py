@@ -110,3 +110,47 @@ def test_ranks_on_different_algorithms_still_get_a_mismatch_error(engine):
         engine.allreduce([np.ones(n, np.float32)], "SUM")
     (out,) = engine.allreduce([np.ones(2)], "SUM")  # the engine works on
     np.testing.assert_array_equal(out, [engine.size, engine.size])
+
+
+class _Scatter:
+    """A test-only algorithm with a reduce_scatter: float64 tensors of 10 rows, AUTO."""
+
+    name = "test-scatter"
+
+    def __init__(self) -> None:
+        self.scatters = 0
+
+    def applies(self, where: registry.Where) -> bool:
+        return not where.device and where.auto and where.layout.shapes == ((10,),)
+
+    def allreduce(self, engine, items, layout, opts):
+        return MPI_ALGORITHM.allreduce(engine, items, layout, opts)
+
+    def reduce_scatter(self, engine, items, layout, opts, bounds):
+        self.scatters += 1
+        return MPI_ALGORITHM.reduce_scatter(engine, items, layout, opts, bounds)
+
+
+def test_reduce_scatter_walks_the_registry(engine):
+    x = np.arange(10, dtype=np.float64) * (engine.rank + 1)
+    factor = engine.size * (engine.size + 1) / 2
+    blocks = np.array_split(np.arange(10.0) * factor, engine.size)
+    plain = engine.reduce_scatter(x, "SUM")
+    assert engine.last_algorithm in {"shm", "hierarchical", "mpi", "mpi-direct"}
+    np.testing.assert_array_equal(plain, blocks[engine.rank])
+    scatter = _Scatter()
+    registry.register(scatter)
+    try:
+        got = engine.reduce_scatter(x, "SUM")
+        assert scatter.scatters == 1 and engine.last_algorithm == "test-scatter"
+        np.testing.assert_array_equal(got, blocks[engine.rank])
+        engine.reduce_scatter(np.ones(12), "SUM")  # another shape: not picked
+        assert scatter.scatters == 1 and engine.last_algorithm != "test-scatter"
+        registry.unregister("test-scatter")
+        registry.register(_Marked())  # no reduce_scatter: never asked about one
+        engine.reduce_scatter(np.ones(3), "SUM")
+        assert engine.last_algorithm != "test-only"
+    finally:
+        for name in ("test-scatter", "test-only"):
+            if name in [a.name for a in registry.registered()]:
+                registry.unregister(name)

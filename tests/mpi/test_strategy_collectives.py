@@ -126,14 +126,70 @@ def test_gather_paths_give_the_engine_bits_and_read_the_value_in_place(strategy,
     per_replica = strategy.experimental_distribute_values_from_function(lambda ctx: x)
     seen = []
     own = strategy.extended._collectives
-    real = own.allgather
+    real = own.allgather_list
 
-    def spy(tensor, axis=0, options=None):
-        seen.append(tensor)
-        return real(tensor, axis=axis, options=options)
+    def spy(tensors, axis=0, options=None):
+        seen.append(list(tensors))
+        return real(tensors, axis=axis, options=options)
 
-    monkeypatch.setattr(own, "allgather", spy)
+    monkeypatch.setattr(own, "allgather_list", spy)
     _same_bits(strategy.gather(per_replica, axis=0), want)
     got = strategy.run(lambda v: hd.get_replica_context().all_gather(v, axis=0), args=(x,))
     _same_bits(got, want)
-    assert len(seen) == 2 and all(t is x for t in seen)
+    assert len(seen) == 2 and all(len(t) == 1 and t[0] is x for t in seen)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_all_gather_of_many_leaves_is_one_engine_call_with_pooled_results(
+    strategy, engine, monkeypatch, axis
+):
+    rank = strategy.extended._worker_index
+    leaves = [
+        _value(rank, 6 * (rank + 1), seed=3).reshape(-1, 3) if axis == 0
+        else _value(rank, 6 * (rank + 1), seed=3).reshape(3, -1),
+        np.arange(4 * (rank + 2), dtype=np.int64).reshape(-1, 2) if axis == 0
+        else np.arange(4 * (rank + 2), dtype=np.int64).reshape(2, -1),
+        np.full((2, 2), rank, np.float64),
+    ]
+    want = [engine.allgather(x, axis=axis).copy() for x in leaves]
+    own = strategy.extended._collectives
+    calls = {"list": 0, "one": 0}
+    real_list, real_one = own.allgather_list, own.allgather
+
+    def spy_list(tensors, axis=0, options=None):
+        calls["list"] += 1
+        return real_list(tensors, axis=axis, options=options)
+
+    def spy_one(tensor, axis=0, options=None):
+        calls["one"] += 1
+        return real_one(tensor, axis=axis, options=options)
+
+    monkeypatch.setattr(own, "allgather_list", spy_list)
+    monkeypatch.setattr(own, "allgather", spy_one)
+
+    def gather(v):
+        return hd.get_replica_context().all_gather(v, axis=axis)
+
+    first = strategy.run(gather, args=(leaves,))
+    assert calls == {"list": 1, "one": 0}
+    for got, w in zip(first, want, strict=True):
+        _same_bits(got, w)
+    kept = [f.copy() for f in first]
+    others = [x + 1 for x in leaves]
+    second = strategy.run(gather, args=(others,))  # same shapes: the first buffer is held
+    for f, k in zip(first, kept, strict=True):
+        _same_bits(f, k)
+    assert not any(np.shares_memory(f, g) for f, g in zip(first, second, strict=True))
+    for got, x in zip(second, others, strict=True):
+        _same_bits(got, engine.allgather(x, axis=axis))
+    if axis == 0:  # results are views of the pooled buffer: a dropped one is reused
+        address = second[0].ctypes.data
+        del second, got  # (got: a view of the last result)
+        third = strategy.run(gather, args=(others,))
+        assert third[0].ctypes.data == address
+    for f, k in zip(first, kept, strict=True):
+        _same_bits(f, k)
+    gathered = strategy.gather(
+        strategy.experimental_distribute_values_from_function(lambda ctx: leaves[0]), axis=axis
+    )
+    _same_bits(gathered, want[0])

@@ -32,3 +32,22 @@ def test_targets_are_judged_on_the_worst_size():
     assert abs(got["auto_64mib"]["worst"] - 2.5) < 1e-9
     assert got["resnet"]["status"] == "MET"
     assert judge_targets(rows, None, 2)[-1]["status"] == "SKIPPED"
+
+
+def _band_row(nbytes, shm, mpi):
+    return {"bytes": nbytes, "seconds": {"engine-shm": shm, "engine-mpi": mpi}}
+
+
+def test_the_mpi_band_is_where_mpi_beats_the_window_best_over_runs():
+    from hpcdist.bench.strategy import mpi_band_from_rows
+
+    mib = 1 << 20
+    first = [_band_row(mib, 1.0, 2.0), _band_row(4 * mib, 5.0, 4.0), _band_row(8 * mib, 9.0, 8.0),
+             _band_row(16 * mib, 1.0, 2.0)]
+    assert mpi_band_from_rows([first]) == (4 * mib, 16 * mib)
+    # A second run where the window was faster at 4 MiB: best of each over both runs.
+    second = [_band_row(4 * mib, 3.0, 4.0)]
+    assert mpi_band_from_rows([first, second]) == (8 * mib, 16 * mib)
+    assert mpi_band_from_rows([[_band_row(mib, 1.0, 2.0)]]) == (0, 0)  # MPI never wins
+    assert mpi_band_from_rows([[_band_row(mib, 3.0, 2.0)]]) == (mib, 2 * mib)  # wins at the top
+    assert mpi_band_from_rows([[{"bytes": 4, "seconds": {"mpi4py": 1.0}}]]) == (0, 0)

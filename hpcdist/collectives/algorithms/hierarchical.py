@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hpcdist.collectives.algorithms.mpi import block_by_allreduce
 from hpcdist.collectives.algorithms.shm import node_allreduce
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
@@ -32,7 +33,12 @@ class HierarchicalAllreduce:
     def applies(self, where: Where) -> bool:
         """When the route is HIERARCHICAL (several nodes, a window on this one)."""
         top = where.topology
-        return where.route is CI.HIERARCHICAL and top.nodes > 1 and top.window is not None
+        return (
+            not where.device
+            and where.route is CI.HIERARCHICAL
+            and top.nodes > 1
+            and top.window is not None
+        )
 
     def allreduce(
         self,
@@ -43,6 +49,17 @@ class HierarchicalAllreduce:
     ) -> list[np.ndarray]:
         """Reduce-scatter in the node, leaders' MPI reduction, spread through the window."""
         return node_allreduce(engine, items, layout, opts, hierarchical=True)
+
+    def reduce_scatter(
+        self,
+        engine: Collectives,
+        items: Sequence[np.ndarray],
+        layout: Layout,
+        opts: CommunicationOptions,
+        bounds: Sequence[int],
+    ) -> np.ndarray:
+        """This rank's block of the hierarchical allreduce."""
+        return block_by_allreduce(self, engine, items, layout, opts, bounds)
 
 
 ALGORITHM = HierarchicalAllreduce()

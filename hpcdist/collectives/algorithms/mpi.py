@@ -24,6 +24,7 @@ from hpcdist.collectives.mpi_reduce import message_ranges, reduce_calls
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.registry import Where
+from hpcdist.runtime import mpi
 
 if TYPE_CHECKING:
     from hpcdist.collectives.engine import Collectives
@@ -65,8 +66,6 @@ def mpi_plan(
 
     Example: ``engine.run_agreed(layout, opts, what, lambda c: mpi_plan(engine, ..., c))``.
     """
-    from hpcdist.runtime import mpi
-
     MPI = mpi()
     if check:
         yield from engine.agreement(check)
@@ -89,14 +88,31 @@ def mpi_plan(
     return out
 
 
+def block_by_allreduce(
+    algorithm: Any,
+    engine: Collectives,
+    items: Sequence[np.ndarray],
+    layout: Layout,
+    opts: CommunicationOptions,
+    bounds: Sequence[int],
+) -> np.ndarray:
+    """This rank's block of ``algorithm``'s allreduce of the one-tensor ``layout``.
+
+    The reduce_scatter of algorithms without a scatter of their own. Example:
+    ``block_by_allreduce(self, engine, items, layout, opts, bounds)``.
+    """
+    full = algorithm.allreduce(engine, items, layout, opts)[0]
+    return full[bounds[engine.rank] : bounds[engine.rank + 1]].copy()
+
+
 class MpiAllreduce:
     """Buffer-mode MPI on the engine's communicator; applies to every call."""
 
     name = "mpi"
 
     def applies(self, where: Where) -> bool:
-        """Always: the fallback at the end of the registry."""
-        return True
+        """Every host call: the fallback at the end of the registry."""
+        return not where.device
 
     def allreduce(
         self,
@@ -110,6 +126,17 @@ class MpiAllreduce:
         return engine.run_agreed(
             layout, opts, what, lambda check: mpi_plan(engine, items, layout, opts, check)
         )
+
+    def reduce_scatter(
+        self,
+        engine: Collectives,
+        items: Sequence[np.ndarray],
+        layout: Layout,
+        opts: CommunicationOptions,
+        bounds: Sequence[int],
+    ) -> np.ndarray:
+        """This rank's block of the MPI allreduce (the bits are the allreduce's)."""
+        return block_by_allreduce(self, engine, items, layout, opts, bounds)
 
 
 ALGORITHM = MpiAllreduce()

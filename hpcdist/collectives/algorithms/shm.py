@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hpcdist.collectives.algorithms.mpi import block_by_allreduce
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.registry import Where
-from hpcdist.collectives.shm_backend import MpiStep, allreduce_plan
+from hpcdist.collectives.shm_backend import MpiStep, allreduce_plan, reduce_scatter_plan
 
 if TYPE_CHECKING:
     from hpcdist.collectives.engine import Collectives
@@ -37,6 +38,7 @@ def node_allreduce(
     :class:`ShmAllreduce`.
     """
     top = engine.topology(opts.timeout_seconds)
+    assert top.window is not None  # (applies: a window on this node)
     what = engine.describe(layout)
     sig = engine.count_call(layout, opts, what)
     agreed = layout if sig is None else sig
@@ -56,7 +58,7 @@ class ShmAllreduce:
 
     def applies(self, where: Where) -> bool:
         """When the route is SHM (one node with a shared window)."""
-        return where.route is CI.SHM and where.topology.window is not None
+        return not where.device and where.route is CI.SHM and where.topology.window is not None
 
     def allreduce(
         self,
@@ -67,6 +69,32 @@ class ShmAllreduce:
     ) -> list[np.ndarray]:
         """Pack into the slots, fold in rank order (see the backend module)."""
         return node_allreduce(engine, items, layout, opts, hierarchical=False)
+
+    def reduce_scatter(
+        self,
+        engine: Collectives,
+        items: Sequence[np.ndarray],
+        layout: Layout,
+        opts: CommunicationOptions,
+        bounds: Sequence[int],
+    ) -> np.ndarray:
+        """Each rank folds only its own block in the window, when the tensor fits one
+        slot; else this rank's block of the window's allreduce."""
+        top = engine.topology(opts.timeout_seconds)
+        group = layout.groups[0]
+        window = top.window
+        if window is None or top.nodes != 1 or group.total * group.wire.itemsize > (
+            window.slot_bytes
+        ):
+            return block_by_allreduce(self, engine, items, layout, opts, bounds)
+        what = engine.describe(layout)
+        sig = engine.count_call(layout, opts, what)
+        agreed = layout if sig is None else sig
+        plan = reduce_scatter_plan(
+            window, layout, items[0], list(bounds), engine.size, agreed.digest
+        )
+        result: np.ndarray = engine.run_on_node(window, plan, opts, agreed.text, what, sig)
+        return result
 
 
 ALGORITHM = ShmAllreduce()

@@ -174,3 +174,51 @@ def test_a_pinned_buffer_grows_only_after_the_copy_out_of_the_old_one():
     assert rt.calls["wait"] == 2 and rt.calls["synchronize"] == 1
     path._pinned_for("k", 128, rt, 7)  # nothing pending on the new buffer
     assert rt.calls["wait"] == 2 and rt.calls["synchronize"] == 1
+
+
+class _TinyDevice:
+    """A test-only device algorithm: calls of at most 16 bytes, results plus one."""
+
+    name = "tiny-device"
+    route = "tiny"
+
+    def __init__(self):
+        self.ran = 0
+
+    def applies(self, where):
+        return where.device and where.layout.nbytes <= 16
+
+    def allreduce(self, engine, items, layout, opts):
+        self.ran += 1
+        call = engine.device_path().prepare(items, layout)
+        for src, flat in zip(call.srcs, call.flats, strict=True):
+            if src is not flat:
+                call.rt.copy(flat, src, call.stream)
+        for flat in call.flats:
+            flat[:] = flat.get() + 1
+        return call.flats
+
+
+def test_a_registered_device_algorithm_is_picked_only_where_it_applies(engine):
+    from hpcdist.collectives import registry
+
+    tiny = _TinyDevice()
+    registry.register(tiny)
+    try:
+        out = engine.allreduce([fake(np.array([1.0, 2.0], np.float32))], "SUM")
+        assert (engine.last_algorithm, engine.last_device_route, tiny.ran) == (
+            "tiny-device", "tiny", 1
+        )
+        np.testing.assert_array_equal(out[0].get(), [2.0, 3.0])
+        big = np.arange(64, dtype=np.float32)
+        out = engine.allreduce([fake(big)], "SUM")  # 256 bytes: not tiny's
+        assert (engine.last_algorithm, engine.last_device_route, tiny.ran) == (
+            "device-copy", "copy", 1
+        )
+        np.testing.assert_array_equal(out[0].get(), big)
+        host = registry.Where(None, None, None, CI.MPI, False, 2)  # a host call: never tiny
+        assert registry.pick(host).name == "mpi"
+    finally:
+        registry.unregister("tiny-device")
+    engine.allreduce([fake(np.ones(2, np.float32))], "SUM")
+    assert engine.last_algorithm == "device-copy" and tiny.ran == 1

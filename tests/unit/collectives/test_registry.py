@@ -17,10 +17,42 @@ class _Never:
         raise AssertionError("never runs")
 
 
-def test_default_order_ends_with_the_algorithm_that_always_applies():
+def _where(device, route=None, operation="allreduce"):
+    return registry.Where(
+        None, None, None, None, True, 2, device=device, device_route=route, operation=operation
+    )
+
+
+def test_default_order_device_algorithms_then_host_ones_each_ending_with_a_fallback():
     names = [a.name for a in registry.registered()]
-    assert names == ["small", "mpi-direct", "shm", "hierarchical", "mpi"]
-    assert registry.registered()[-1].applies(None)  # mpi: whatever the call
+    assert names == [
+        "device-copy", "nccl", "nccl-hierarchical", "mpi-device", "device-staged",
+        "small", "mpi-direct", "shm", "hierarchical", "mpi",
+    ]
+    algorithms = {a.name: a for a in registry.registered()}
+    assert algorithms["mpi"].applies(_where(False))  # mpi: whatever the host call
+    assert not algorithms["mpi"].applies(_where(True, "staged"))
+    assert algorithms["device-staged"].applies(_where(True, "nccl"))  # whatever the device call
+    assert not algorithms["device-staged"].applies(_where(False))
+    assert registry.pick(_where(False)).name == "mpi"
+
+
+def test_reduce_scatter_asks_only_algorithms_that_have_one():
+    class _Always:
+        name = "always"
+
+        def applies(self, where):
+            return not where.device
+
+        def allreduce(self, engine, items, layout, opts):
+            raise AssertionError("not run here")
+
+    registry.register(_Always())
+    try:
+        assert registry.pick(_where(False)).name == "always"
+        assert registry.pick(_where(False, operation="reduce_scatter")).name == "mpi"
+    finally:
+        registry.unregister("always")
 
 
 def test_register_before_a_name_and_unregister_restore_the_order():
