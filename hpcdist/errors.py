@@ -135,6 +135,20 @@ class ArrayInteropError(HpcdistError, TypeError):
     """
 
 
+class NotRegisteredError(HpcdistError, RuntimeError):
+    """A lower layer needs what an upper layer registers when imported, and none is registered.
+
+    The layers are one-way (see docs/architecture.md): the strategy layer reaches
+    the input pipeline, and the cluster layer the MPI bootstrap, through a
+    provider that ``import hpcdist`` registers. Importing only a lower package
+    by hand leaves it unset.
+
+    Example:
+        >>> issubclass(NotRegisteredError, RuntimeError)
+        True
+    """
+
+
 class CollectiveStallWarning(RuntimeWarning):
     """A collective has waited longer than the stall threshold for some ranks.
 
@@ -160,4 +174,5 @@ __all__ = [
     "CheckpointError",
     "CheckpointCorruptError",
     "CollectiveStallWarning",
+    "NotRegisteredError",
 ]

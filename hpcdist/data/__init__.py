@@ -17,10 +17,11 @@ Example:
     [(array([0]), array([2])), (array([4]), array([6]))]
 """
 
+from hpcdist.data import provider as provider  # registers the strategies' input pipeline
 from hpcdist.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset, TensorSpec
 from hpcdist.data.distributed import DistributedDataset, DistributedIterator
-from hpcdist.data.input_context import InputContext, InputOptions, InputReplicationMode
 from hpcdist.data.options import AutoShardPolicy, DistributeOptions, Options
+from hpcdist.distribute.input_context import InputContext, InputOptions, InputReplicationMode
 
 __all__ = [
     "AUTOTUNE",

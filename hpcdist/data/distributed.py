@@ -97,12 +97,6 @@ import numpy as np
 from hpcdist.arrays import is_array, to_device
 from hpcdist.data.autoshard import apply_autoshard
 from hpcdist.data.dataset import iteration_counts, set_iteration_counts
-from hpcdist.data.input_context import (
-    InputContext,
-    InputOptions,
-    InputReplicationMode,
-    check_input_options,
-)
 from hpcdist.data.options import AutoShardPolicy
 from hpcdist.data.rebatch import (
     MAX_REPLICAS,
@@ -115,6 +109,12 @@ from hpcdist.data.rebatch import (
 )
 from hpcdist.data.small_batch import warn_if_batch_below_replicas
 from hpcdist.distribute import nest
+from hpcdist.distribute.input_context import (
+    InputContext,
+    InputOptions,
+    InputReplicationMode,
+    check_input_options,
+)
 from hpcdist.errors import CheckpointError, HpcdistError
 
 _MISSING = object()  # a replica's slot in a step for which its pipeline had no data
@@ -680,7 +680,7 @@ class DistributedIterator:
             _Prefetcher(steps, depth + 1) if dataset._read_ahead else _Synchronous(steps)
         )
         if self._copier is None:
-            self._finalizer = weakref.finalize(self, self._source.close)
+            self._finalizer: weakref.finalize[..., Any] = weakref.finalize(self, self._source.close)
         else:
             self._finalizer = weakref.finalize(self, _close_all, self._source, self._copier)
         self._template: Any = None

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.data.input_context import check_count
 from hpcdist.distribute import nest
+from hpcdist.distribute.input_context import check_count
 
 #: The most replicas (``num_workers * num_replicas_per_worker``) a global batch is split over.
 MAX_REPLICAS = 10_000_000

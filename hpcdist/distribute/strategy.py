@@ -24,6 +24,7 @@ from typing import Any
 from hpcdist.arrays import array_module, as_result, asarray
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
+from hpcdist.distribute.input_pipeline import input_pipeline
 from hpcdist.distribute.values import PerReplica, import_values, local_results
 
 
@@ -157,7 +158,13 @@ class Strategy:
         require_cross_replica(self, "strategy.run")
         return self._extended.call_for_each_replica(fn, tuple(args), dict(kwargs or {}))
 
-    def experimental_run_v2(self, fn: Callable[..., Any], args=(), kwargs=None, options=None):
+    def experimental_run_v2(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: Any = None,
+    ) -> Any:
         """The old name of :meth:`run`."""
         return self.run(fn, args=args, kwargs=kwargs, options=options)
 
@@ -249,19 +256,19 @@ class Strategy:
 
         Example: ``for x in strategy.experimental_distribute_dataset(ds.batch(64)): ...``.
         """
-        from hpcdist.data.distributed import distribute_dataset
+        return input_pipeline().distribute_dataset(dataset, options, **self._input_args())
 
-        return distribute_dataset(dataset, options=options, **self._input_args())
-
-    def distribute_datasets_from_function(self, dataset_fn: Callable[[Any], Any], options=None):
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[Any], Any], options: Any = None
+    ) -> Any:
         """Call ``dataset_fn(InputContext)`` once per worker; it returns per-replica batches.
 
         Example: ``strategy.distribute_datasets_from_function(lambda ctx:
         make(ctx).batch(ctx.get_per_replica_batch_size(64)))``.
         """
-        from hpcdist.data.distributed import distribute_datasets_from_function
-
-        return distribute_datasets_from_function(dataset_fn, options=options, **self._input_args())
+        return input_pipeline().distribute_datasets_from_function(
+            dataset_fn, options, **self._input_args()
+        )
 
     experimental_distribute_datasets_from_function = distribute_datasets_from_function
 
@@ -270,9 +277,7 @@ class Strategy:
 
         Example: ``strategy.experimental_make_numpy_dataset((x, y)).batch(32)``.
         """
-        from hpcdist.data.dataset import Dataset
-
-        return Dataset.from_tensor_slices(numpy_input)
+        return input_pipeline().make_numpy_dataset(numpy_input)
 
     def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:
         """A ``PerReplica`` of ``value_fn(ctx)`` for each local replica.

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from types import ModuleType
 
 from hpcdist.cluster.envparse import env_flag, environ_or_default
+from hpcdist.cluster.mpi import set_mpi_provider
 from hpcdist.errors import ClusterConfigError
 
 THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
@@ -45,6 +46,11 @@ def mpi() -> ModuleType:
     from mpi4py import MPI
 
     return MPI
+
+
+# The cluster layer's MPIClusterResolver starts MPI through this bootstrap (it cannot
+# import the runtime layer above it): register it.
+set_mpi_provider(mpi)
 
 
 def is_initialized() -> bool:
