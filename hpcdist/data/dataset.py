@@ -52,7 +52,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -101,6 +101,12 @@ class Dataset:
         [[0, 1], [2, 3]]
     """
 
+    #: Whether producing this node's elements may wait outside the GIL (on I/O, threads or
+    #: processes), so that a reading-ahead thread has a wait to fill (see
+    #: :mod:`hpcdist.data.distributed`). ``True`` unless a node says otherwise, so a node
+    #: type hpcdist does not know is read ahead; the in-memory nodes set ``False``.
+    releases_gil: ClassVar[bool] = True
+
     def __init__(self, input: Dataset | None = None) -> None:
         if input is not None and not isinstance(input, Dataset):
             raise TypeError(
@@ -116,6 +122,10 @@ class Dataset:
 
     def __iter__(self) -> Iterator[Any]:
         return self._iter()
+
+    def _waits_outside_gil(self) -> bool:
+        """Whether this node, as configured, may wait outside the GIL (``releases_gil``)."""
+        return self.releases_gil
 
     def _with_input(self, new_input: Dataset) -> Dataset:
         """A copy of this node (same parameters and options) reading from ``new_input``.

@@ -371,44 +371,13 @@ def _cuts(b: int, num_workers: int, r: int, worker_index: int, own: bool) -> lis
 
 
 def _waits_outside_gil(node: Any) -> bool:
-    """Whether a pipeline node may wait on I/O, threads or processes (see the module doc)."""
-    from hpcdist.data.dataset import (
-        BatchDataset,
-        FileListDataset,
-        FilterDataset,
-        MapDataset,
-        PrefetchDataset,
-        RangeDataset,
-        RepeatDataset,
-        ShardDataset,
-        ShuffleDataset,
-        SkipDataset,
-        TakeDataset,
-        TensorDataset,
-        TensorSliceDataset,
-        UnbatchDataset,
-        _OptionsDataset,
-    )
+    """Whether a pipeline node may wait on I/O, threads or processes (see the module doc).
 
-    if isinstance(node, MapDataset):
-        return node._threads() > 1
-    in_memory = (
-        BatchDataset,
-        FileListDataset,  # file names only; the readers are FileReaderDataset
-        FilterDataset,
-        PrefetchDataset,  # has a thread of its own already
-        RangeDataset,
-        RepeatDataset,
-        ShardDataset,
-        ShuffleDataset,
-        SkipDataset,
-        TakeDataset,
-        TensorDataset,
-        TensorSliceDataset,
-        UnbatchDataset,
-        _OptionsDataset,
-    )
-    return type(node) not in in_memory  # FileReaderDataset, GeneratorDataset, unknown nodes
+    Each node type says so itself (``Dataset.releases_gil``; a ``map`` with a thread
+    pool decides per instance); a node without the attribute is assumed to wait.
+    """
+    check = getattr(node, "_waits_outside_gil", None)
+    return bool(check()) if callable(check) else True
 
 
 def _read_ahead_helps(sources: Sequence[Any], layout: _Layout, options: InputOptions) -> bool:
@@ -525,12 +494,15 @@ class _Synchronous:
 # -- public classes ----------------------------------------------------------------------
 
 
-class Optional:
+class OptionalValue:
     """A value that may be absent (``tf.experimental.Optional``), from ``get_next_as_optional``.
 
+    Named ``OptionalValue`` so that it does not shadow ``typing.Optional``; the
+    TF name stays importable as ``hpcdist.data.distributed.Optional``.
+
     Example:
-        >>> o = Optional.from_value(3)
-        >>> o.has_value(), o.get_value(), Optional.empty(None).has_value()
+        >>> o = OptionalValue.from_value(3)
+        >>> o.has_value(), o.get_value(), OptionalValue.empty(None).has_value()
         (True, 3, False)
     """
 
@@ -539,14 +511,14 @@ class Optional:
         self._element_spec = element_spec
 
     @staticmethod
-    def from_value(value: Any, element_spec: Any = None) -> Optional:
-        """An ``Optional`` holding ``value``."""
-        return Optional(value, element_spec)
+    def from_value(value: Any, element_spec: Any = None) -> OptionalValue:
+        """An ``OptionalValue`` holding ``value``."""
+        return OptionalValue(value, element_spec)
 
     @staticmethod
-    def empty(element_spec: Any) -> Optional:
-        """An ``Optional`` without a value."""
-        return Optional(_MISSING, element_spec)
+    def empty(element_spec: Any) -> OptionalValue:
+        """An ``OptionalValue`` without a value."""
+        return OptionalValue(_MISSING, element_spec)
 
     def has_value(self) -> bool:
         """Whether a value is present."""
@@ -556,7 +528,7 @@ class Optional:
         """The value; ``ValueError`` when there is none (check :meth:`has_value` first)."""
         if self._value is _MISSING:
             raise ValueError(
-                "this Optional has no value: the distributed dataset is exhausted on every "
+                "this OptionalValue has no value: the distributed dataset is exhausted on every "
                 "worker; check has_value() before get_value()"
             )
         return self._value
@@ -567,7 +539,11 @@ class Optional:
         return self._element_spec
 
     def __repr__(self) -> str:
-        return f"Optional({'empty' if self._value is _MISSING else repr(self._value)})"
+        return f"OptionalValue({'empty' if self._value is _MISSING else repr(self._value)})"
+
+
+#: ``tf.experimental.Optional``'s name, kept for code that imports it from here.
+Optional = OptionalValue
 
 
 class DistributedDataset:
@@ -738,13 +714,17 @@ class DistributedIterator:
         self._steps_taken += 1
         return value
 
-    def get_next_as_optional(self) -> Optional:
-        """The next step as an :class:`Optional`, empty (not an error) at the end."""
+    def get_next_as_optional(self) -> OptionalValue:
+        """The next step as an :class:`OptionalValue`, empty (not an error) at the end."""
         value = self._advance()
         if value is not _MISSING:
             self._steps_taken += 1
         spec = self.element_spec
-        return Optional.empty(spec) if value is _MISSING else Optional.from_value(value, spec)
+        return (
+            OptionalValue.empty(spec)
+            if value is _MISSING
+            else OptionalValue.from_value(value, spec)
+        )
 
     @property
     def element_spec(self) -> Any:
@@ -1094,6 +1074,7 @@ __all__ = [
     "DistributedInputError",
     "DistributedIterator",
     "Optional",
+    "OptionalValue",
     "distribute_dataset",
     "distribute_datasets_from_function",
     "worker_batches",

@@ -38,6 +38,8 @@ class RepeatDataset(Dataset):
         True
     """
 
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
+
     def __init__(self, input: Dataset, count: int | None = None) -> None:
         super().__init__(input)
         self.count = (
@@ -93,6 +95,8 @@ class TakeDataset(Dataset):
         3
     """
 
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
+
     def __init__(self, input: Dataset, count: int) -> None:
         super().__init__(input)
         self.count = _check_int(count, "take", "count", -1, "count >= 0, or -1 for all")
@@ -146,6 +150,8 @@ class SkipDataset(Dataset):
         0
     """
 
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
+
     def __init__(self, input: Dataset, count: int) -> None:
         super().__init__(input)
         self.count = _check_int(count, "skip", "count", -1, "count >= 0, or -1 to skip all")
@@ -192,6 +198,8 @@ class ShardDataset(Dataset):
         >>> s.num_shards, s.index, s.cardinality()
         (3, 1, 3)
     """
+
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
 
     def __init__(self, input: Dataset, num_shards: int, index: int) -> None:
         super().__init__(input)
@@ -246,6 +254,8 @@ class PrefetchDataset(Dataset):
         >>> PrefetchDataset(Dataset.range(3), AUTOTUNE).cardinality()
         3
     """
+
+    releases_gil = False  # has a thread of its own already
 
     def __init__(self, input: Dataset, buffer_size: int) -> None:
         super().__init__(input)
@@ -328,6 +338,8 @@ class _OptionsDataset(Dataset):
         >>> _OptionsDataset(Dataset.range(2), Options(deterministic=True)).options().deterministic
         True
     """
+
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
 
     def __init__(self, input: Dataset, options: Options) -> None:
         super().__init__(input)

@@ -65,6 +65,8 @@ class TensorSliceDataset(_IndexedSource):
         (3, (2,))
     """
 
+    releases_gil = False  # elements come from memory
+
     def __init__(self, tensors: Any) -> None:
         super().__init__(None)
         self._arrays = _to_arrays(tensors)
@@ -114,6 +116,8 @@ class TensorDataset(Dataset):
         [(2, 3)]
     """
 
+    releases_gil = False  # elements come from memory
+
     def __init__(self, tensors: Any) -> None:
         super().__init__(None)
         self._value = _normalize(tensors)
@@ -135,6 +139,8 @@ class RangeDataset(_IndexedSource):
         >>> RangeDataset(2, 9, 3).cardinality()
         3
     """
+
+    releases_gil = False  # elements come from memory
 
     def __init__(self, *args: int, output_type: Any = np.int64) -> None:
         super().__init__(None)
@@ -380,6 +386,8 @@ class FileListDataset(Dataset):
         >>> FileListDataset(("b.npy", "a.npy")).files
         ('b.npy', 'a.npy')
     """
+
+    releases_gil = False  # file names only; the readers are FileReaderDataset
 
     def __init__(
         self, files: Sequence[str], shuffle: bool = False, seed: int | None = None

@@ -66,6 +66,8 @@ class BatchDataset(Dataset):
         (2, False, 3)
     """
 
+    releases_gil = False  # works on elements in memory, in the caller's thread
+
     def __init__(self, input: Dataset, batch_size: int, drop_remainder: bool = False) -> None:
         super().__init__(input)
         self.batch_size = _check_int(
@@ -138,6 +140,8 @@ class UnbatchDataset(Dataset):
         [1, 2]
     """
 
+    releases_gil = False  # works on elements in memory, in the caller's thread
+
     def _iter(self) -> Iterator[Any]:
         with closing(self._input._iter()) as it:
             for element in it:
@@ -167,6 +171,8 @@ class ShuffleDataset(Dataset):
         >>> sorted(first) == sorted(second) == list(range(6)), first != second
         (True, True)
     """
+
+    releases_gil = False  # works on elements in memory, in the caller's thread
 
     def __init__(
         self,
@@ -293,6 +299,10 @@ class MapDataset(Dataset):
             return min(os.cpu_count() or 1, MAX_MAP_THREADS)
         return min(int(self.num_parallel_calls or 1), MAX_MAP_THREADS)
 
+    def _waits_outside_gil(self) -> bool:
+        """A thread pool (``num_parallel_calls`` > 1) waits on its threads; one thread does not."""
+        return self._threads() > 1
+
     def _iter(self) -> Iterator[Any]:
         fn, threads = self.map_func, self._threads()
         with closing(self._input._iter()) as it:
@@ -353,6 +363,8 @@ class FilterDataset(Dataset):
         >>> FilterDataset(Dataset.range(4), lambda x: x > 1).cardinality() == UNKNOWN
         True
     """
+
+    releases_gil = False  # works on elements in memory, in the caller's thread
 
     def __init__(self, input: Dataset, predicate: Callable[..., Any]) -> None:
         super().__init__(input)
