@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import importlib.util
 import logging
@@ -56,7 +57,10 @@ from typing import Any
 import numpy as np
 
 from hpcdist.bench.report import save_line_plot, save_report
+from hpcdist.bench.resnet50 import resnet50_gradients
+from hpcdist.collectives import Collectives, CommunicationOptions, ReduceOp
 from hpcdist.errors import HpcdistError
+from hpcdist.runtime import library_version, mpi, world
 
 RAW = "mpi4py"
 GLOO = "gloo"
@@ -342,7 +346,6 @@ def time_call(comm: Any, call: Callable[[], Any], iters: int) -> float:
 
     Example: ``time_call(comm, functools.partial(comm.Allreduce, x, y), 10)``.
     """
-    from hpcdist.runtime import mpi
 
     comm.Barrier()
     t0 = time.perf_counter()
@@ -426,10 +429,8 @@ class Gloo:
         error = ""
         dist = torch = None
         try:
-            import datetime
-
-            import torch
-            import torch.distributed as dist
+            import torch  # lazy: optional framework (PyTorch)
+            import torch.distributed as dist  # lazy: optional framework (PyTorch)
 
             dist.init_process_group(
                 "gloo",
@@ -495,8 +496,6 @@ def measure_size(
     Example: ``measure_size(4096, comm=comm, engine=Collectives(comm), gloo=gloo, iters=100,
     repeats=5, warmup=2, check=True)``.
     """
-    from hpcdist.collectives import CommunicationOptions, ReduceOp
-    from hpcdist.runtime import mpi
 
     MPI = mpi()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -545,9 +544,6 @@ def measure_resnet(
     Example: ``measure_resnet(comm=comm, engine=engine, repeats=5, warmup=1, check=True,
     stat="median")["loop_over_hpcdist"]``.
     """
-    from hpcdist.bench.resnet50 import resnet50_gradients
-    from hpcdist.collectives import CommunicationOptions, ReduceOp
-    from hpcdist.runtime import mpi
 
     MPI = mpi()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -683,8 +679,6 @@ def main(
     """
     args = build_parser(prog, out).parse_args(argv)
     _validate(args)
-    from hpcdist.collectives import Collectives
-    from hpcdist.runtime import library_version, mpi, world
 
     started = time.perf_counter()
     w = world()

@@ -54,7 +54,10 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.checkpoint.checkpoint import Checkpoint
+from hpcdist.checkpoint.manager import CheckpointManager
 from hpcdist.checkpoint.watcher import PREEMPTION_SIGNALS, PreemptionWatcher
+from hpcdist.distribute import context
 from hpcdist.errors import CheckpointError
 
 __all__ = [
@@ -151,7 +154,6 @@ def _find_strategy(checkpoint: Any) -> Any:
     finder = getattr(checkpoint, "_strategy", None)
     if callable(finder):
         return finder()
-    from hpcdist.distribute import context
 
     return context.get_strategy()
 
@@ -233,8 +235,6 @@ class PreemptionCheckpointHandler:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         termination_config: TerminationConfig | None = None,
     ) -> None:
-        from hpcdist.checkpoint.checkpoint import Checkpoint
-        from hpcdist.checkpoint.manager import CheckpointManager
 
         config = TerminationConfig() if termination_config is None else termination_config
         if not isinstance(config, TerminationConfig):

@@ -17,7 +17,12 @@ Example:
     [(array([0]), array([2])), (array([4]), array([6]))]
 """
 
-from hpcdist.data import provider as provider  # registers the strategies' input pipeline
+# Imported for what they register: the dataset nodes (with Dataset) and the strategies'
+# input pipeline (with hpcdist.distribute.input_pipeline).
+from hpcdist.data import passthrough_nodes as passthrough_nodes
+from hpcdist.data import provider as provider
+from hpcdist.data import source_nodes as source_nodes
+from hpcdist.data import transform_nodes as transform_nodes
 from hpcdist.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset, TensorSpec
 from hpcdist.data.distributed import DistributedDataset, DistributedIterator
 from hpcdist.data.options import AutoShardPolicy, DistributeOptions, Options

@@ -96,7 +96,7 @@ import numpy as np
 
 from hpcdist.arrays import is_array, to_device
 from hpcdist.data.autoshard import apply_autoshard
-from hpcdist.data.dataset import iteration_counts, set_iteration_counts
+from hpcdist.data.dataset import Dataset, iteration_counts, set_iteration_counts
 from hpcdist.data.options import AutoShardPolicy
 from hpcdist.data.rebatch import (
     MAX_REPLICAS,
@@ -109,12 +109,15 @@ from hpcdist.data.rebatch import (
 )
 from hpcdist.data.small_batch import warn_if_batch_below_replicas
 from hpcdist.distribute import nest
+from hpcdist.distribute.devices import parse_device
 from hpcdist.distribute.input_context import (
     InputContext,
     InputOptions,
     InputReplicationMode,
     check_input_options,
 )
+from hpcdist.distribute.streams import PrefetchCopier
+from hpcdist.distribute.values import PerReplica, regroup
 from hpcdist.errors import CheckpointError, HpcdistError
 
 _MISSING = object()  # a replica's slot in a step for which its pipeline had no data
@@ -148,8 +151,6 @@ def _int(name: str, value: Any, minimum: int) -> int:
 
 def _device_pair(device: Any) -> tuple[str, int]:
     if isinstance(device, str):
-        from hpcdist.distribute.devices import parse_device
-
         device = parse_device(device)
     kind = getattr(device, "device_type", None)
     index = getattr(device, "index", None)
@@ -388,7 +389,6 @@ def _read_ahead_helps(sources: Sequence[Any], layout: _Layout, options: InputOpt
         return True  # the caller waits in the end-of-data all-reduce (MPI frees the GIL)
     if _placer(layout, options) is not None:
         return True  # copies to a GPU
-    from hpcdist.data.dataset import Dataset
 
     for source in sources:
         if isinstance(source, Dataset):
@@ -628,7 +628,6 @@ class DistributedIterator:
         self._dataset = dataset
         self._layout = dataset._layout
         self._agreeing = self._layout.collectives is not None
-        from hpcdist.distribute.values import PerReplica
 
         self._per_replica = PerReplica
         self._start()
@@ -640,8 +639,6 @@ class DistributedIterator:
         self._steps_taken = 0
         self._copier = None
         if dataset._read_ahead and _placer(layout, dataset._options) is not None:
-            from hpcdist.distribute.streams import PrefetchCopier
-
             gpus = [index for kind, index in layout.devices if kind == "GPU"]
             self._copier = PrefetchCopier(gpus)  # in this (the consumer's) thread: its streams
         steps = _steps(
@@ -830,7 +827,6 @@ class DistributedIterator:
             return values[0]
         if bare:
             return self._per_replica(values)  # what regroup gives for bare arrays, without its walk
-        from hpcdist.distribute.values import regroup
 
         return regroup(values, always_wrap=True)
 
@@ -853,7 +849,6 @@ class DistributedIterator:
 def _distributed_spec(spec: Any, num_replicas: int) -> Any:
     if spec is None or num_replicas == 1:
         return spec
-    from hpcdist.distribute.values import PerReplica
 
     return nest.map_structure(lambda s: PerReplica((s,) * num_replicas), spec)
 

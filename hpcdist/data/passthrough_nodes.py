@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import hpcdist.data.dataset as _ds
-from hpcdist.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset
+from hpcdist.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset, register_node
 from hpcdist.data.options import Options
 from hpcdist.data.source_nodes import _IndexedSource
 from hpcdist.data.structure import _check_int
@@ -28,6 +28,7 @@ from hpcdist.data.structure import _check_int
 log = logging.getLogger("hpcdist.data")
 
 
+@register_node
 class RepeatDataset(Dataset):
     """``repeat``: the input ``count`` times (``None``/-1: forever; stops if an epoch is empty).
 
@@ -87,6 +88,7 @@ class RepeatDataset(Dataset):
         return f"count={self.count}"
 
 
+@register_node
 class TakeDataset(Dataset):
     """``take``: the first ``count`` elements (-1: all).
 
@@ -142,6 +144,7 @@ class TakeDataset(Dataset):
         return f"count={self.count}"
 
 
+@register_node
 class SkipDataset(Dataset):
     """``skip``: all but the first ``count`` elements (-1: none).
 
@@ -190,6 +193,7 @@ class SkipDataset(Dataset):
         return f"count={self.count}"
 
 
+@register_node
 class ShardDataset(Dataset):
     """``shard``: the elements ``i`` with ``i % num_shards == index``.
 
@@ -243,6 +247,7 @@ class ShardDataset(Dataset):
         return f"num_shards={self.num_shards}, index={self.index}"
 
 
+@register_node
 class PrefetchDataset(Dataset):
     """``prefetch``: a background thread keeps up to ``buffer_size`` elements ready.
 
@@ -331,6 +336,7 @@ def _prefetched(source: Dataset, size: int) -> Iterator[Any]:
             )
 
 
+@register_node
 class _OptionsDataset(Dataset):
     """``with_options``: a pass-through node that carries ``Options``.
 

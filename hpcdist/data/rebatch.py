@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.data.transform_nodes import BatchDataset
 from hpcdist.distribute import nest
 from hpcdist.distribute.input_context import check_count
 
@@ -93,7 +94,6 @@ def find_global_batch_size(dataset: Any) -> int:
 
     Example: ``find_global_batch_size(Dataset.range(8).batch(4).map(f))`` is ``4``.
     """
-    from hpcdist.data.dataset import BatchDataset
 
     node, names = dataset, []
     while node is not None:

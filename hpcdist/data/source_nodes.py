@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.arrays import array_module, is_cupy
-from hpcdist.data.dataset import Dataset
+from hpcdist.data.dataset import Dataset, register_node
 from hpcdist.data.shuffle import _epoch_rng, _EpochCounter, _index_array
 from hpcdist.data.sources import to_path
 from hpcdist.data.structure import (
@@ -34,6 +34,7 @@ from hpcdist.data.structure import (
 from hpcdist.utils.seeding import get_random_seed, next_seed
 
 
+@register_node
 class _IndexedSource(Dataset):
     """A source whose rows can be addressed by index (the fast paths gather from it)."""
 
@@ -56,6 +57,7 @@ class _IndexedSource(Dataset):
         return self._num_rows()
 
 
+@register_node
 class TensorSliceDataset(_IndexedSource):
     """The source of ``Dataset.from_tensor_slices``: row ``i`` of every array is element ``i``.
 
@@ -108,6 +110,7 @@ class TensorSliceDataset(_IndexedSource):
         return f"rows={self._n}"
 
 
+@register_node
 class TensorDataset(Dataset):
     """The source of ``Dataset.from_tensors``: one element.
 
@@ -132,6 +135,7 @@ class TensorDataset(Dataset):
         return _spec_of(self._value)
 
 
+@register_node
 class RangeDataset(_IndexedSource):
     """The source of ``Dataset.range``: NumPy int64 scalars (or ``output_type``).
 
@@ -214,6 +218,7 @@ def _check_range_fits(r: range, dtype: np.dtype) -> None:
         )
 
 
+@register_node
 class GeneratorDataset(Dataset):
     """The source of ``Dataset.from_generator``: ``generator(*args)`` is called per iteration.
 
@@ -375,6 +380,7 @@ def _pack_as(signature: Any, element: Any) -> Any:
     return element
 
 
+@register_node
 class FileListDataset(Dataset):
     """File names (str): the source of ``list_files`` and ``from_files``.
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import hpcdist.data.dataset as _ds
-from hpcdist.data.dataset import AUTOTUNE, UNKNOWN, Dataset
+from hpcdist.data.dataset import AUTOTUNE, UNKNOWN, Dataset, register_node
 from hpcdist.data.shuffle import (
     _epoch_rng,
     _EpochCounter,
@@ -57,6 +57,7 @@ MAX_MAP_THREADS = 256
 # ------------------------------------------------------------------------------- transformations
 
 
+@register_node
 class BatchDataset(Dataset):
     """``batch``: ``batch_size`` consecutive elements stacked per component.
 
@@ -132,6 +133,7 @@ def _concat_rows(pieces: list[Any]) -> Any:
     return _map_structure(lambda _: next(joined), pieces[0])
 
 
+@register_node
 class UnbatchDataset(Dataset):
     """``unbatch``: every row of every element becomes an element.
 
@@ -158,6 +160,7 @@ class UnbatchDataset(Dataset):
         return _map_structure(drop_first, self._input.element_spec)
 
 
+@register_node
 class ShuffleDataset(Dataset):
     """``shuffle``: TF's buffer shuffle (the exact order is in the module docstring).
 
@@ -262,6 +265,7 @@ def _unstack(batch: Any) -> Iterator[Any]:
         yield _map_structure(lambda a, i=i: a[i] if a.ndim == 1 else a[i].copy(), batch)
 
 
+@register_node
 class MapDataset(Dataset):
     """``map``: ``map_func`` applied to every element, in order (optionally in threads).
 
@@ -356,6 +360,7 @@ def _parallel_map(it: Iterator[Any], fn: Callable[..., Any], threads: int) -> It
         pool.shutdown(wait=True)
 
 
+@register_node
 class FilterDataset(Dataset):
     """``filter``: the elements for which ``predicate`` is true (a scalar bool).
 
@@ -391,6 +396,7 @@ class FilterDataset(Dataset):
         return UNKNOWN
 
 
+@register_node
 class FileReaderDataset(Dataset):
     """Reads every file named by its input with ``reader`` and yields the files' rows.
 

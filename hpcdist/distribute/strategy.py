@@ -23,9 +23,15 @@ from typing import Any
 
 from hpcdist.arrays import array_module, as_result, asarray
 from hpcdist.collectives.ops import ReduceOp
-from hpcdist.distribute import context
+from hpcdist.distribute import context, nest
 from hpcdist.distribute.input_pipeline import input_pipeline
-from hpcdist.distribute.values import PerReplica, import_values, local_results
+from hpcdist.distribute.values import (
+    PerReplica,
+    import_values,
+    is_distributed,
+    local_results,
+    select_replica,
+)
 
 
 def mixing_error(current: Any, called: Any) -> RuntimeError:
@@ -229,8 +235,6 @@ class Strategy:
 
         Example: ``strategy.experimental_local_results(strategy.run(fn))``.
         """
-        from hpcdist.distribute import nest
-        from hpcdist.distribute.values import select_replica
 
         if nest.is_nested(value):
             k = self._extended._num_local_replicas
@@ -306,8 +310,6 @@ class ValueContext:
 
 
 def _is_distributed_input(value: Any) -> bool:
-    from hpcdist.distribute.values import is_distributed
-
     return is_distributed(value)
 
 

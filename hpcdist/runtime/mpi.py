@@ -35,7 +35,7 @@ def mpi() -> ModuleType:
     module = sys.modules.get("mpi4py.MPI")
     if module is not None:
         return module
-    import mpi4py
+    import mpi4py  # lazy: MPI start-up (importing mpi4py.MPI initialises MPI)
 
     level = os.environ.get("HPCDIST_MPI_THREAD_LEVEL", "multiple").strip().lower()
     if level not in THREAD_LEVELS:
@@ -43,7 +43,7 @@ def mpi() -> ModuleType:
             f"HPCDIST_MPI_THREAD_LEVEL is {level!r}; expected one of {', '.join(THREAD_LEVELS)}"
         )
     mpi4py.rc.thread_level = level
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: MPI start-up (importing mpi4py.MPI initialises MPI)
 
     return MPI
 
