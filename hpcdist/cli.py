@@ -77,7 +77,7 @@ def rank_info() -> dict[str, Any]:
 
 def job_info() -> dict[str, Any]:
     """What is the same on every rank: launcher, scheduler, MPI library, versions."""
-    import mpi4py  # lazy: MPI start-up (importing mpi4py.MPI initialises MPI)
+    import mpi4py  # lazy: MPI start-up (only its version is read, after mpi())
 
     MPI = mpi()
     w = world()

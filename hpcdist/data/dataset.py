@@ -31,9 +31,10 @@ Layout. This module holds the constants, the switches tests flip
 (``_FAST_PATHS``, ``_SHUFFLE_CHUNK``, ``_PREFETCH_AUTOTUNE``, ``_JOIN_TIMEOUT_S``; the
 other modules read them from here at run time) and the ``Dataset`` base class with
 its public API. The nodes live in ``source_nodes``, ``transform_nodes`` and
-``passthrough_nodes``, element helpers and ``TensorSpec`` in ``structure``, seeded
-randomness and the vectorised shuffle in ``shuffle``; all public names are
-re-exported here.
+``passthrough_nodes``, which build on this module and register each node class
+here (:func:`register_node`; ``Dataset``'s methods create nodes by name, and the
+node classes stay importable from here); element helpers and ``TensorSpec`` are in
+``structure``, seeded randomness and the vectorised shuffle in ``shuffle``.
 
 Example:
     >>> ds = Dataset.range(8).batch(3)

@@ -35,7 +35,7 @@ def mpi() -> ModuleType:
     module = sys.modules.get("mpi4py.MPI")
     if module is not None:
         return module
-    import mpi4py  # lazy: MPI start-up (importing mpi4py.MPI initialises MPI)
+    import mpi4py  # lazy: MPI start-up (rc must be set before mpi4py.MPI)
 
     level = os.environ.get("HPCDIST_MPI_THREAD_LEVEL", "multiple").strip().lower()
     if level not in THREAD_LEVELS:
