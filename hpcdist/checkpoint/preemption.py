@@ -235,7 +235,6 @@ class PreemptionCheckpointHandler:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         termination_config: TerminationConfig | None = None,
     ) -> None:
-
         config = TerminationConfig() if termination_config is None else termination_config
         if not isinstance(config, TerminationConfig):
             raise TypeError(

@@ -64,7 +64,6 @@ class PreemptionWatcher:
         signals: tuple[signal.Signals, ...] = PREEMPTION_SIGNALS,
         poll_interval: float = 1.0,
     ) -> None:
-
         self._comm = None if strategy is None else _communicator(strategy)
         self._watcher_fn = termination_watcher_fn
         self._signals = tuple(signals)

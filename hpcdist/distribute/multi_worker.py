@@ -186,7 +186,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         communication: Any = None,
         devices: Sequence[str | Device] | None = None,
     ) -> None:
-
         options = _options(communication_options, communication)
         w = world()
         resolver = resolve() if cluster_resolver is None else cluster_resolver
