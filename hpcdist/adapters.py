@@ -16,6 +16,7 @@ from typing import Any
 
 from hpcdist.collectives import Collectives
 from hpcdist.distribute import context
+from hpcdist.runtime import mpi, world
 
 _WORLD: list[Collectives] = []
 
@@ -33,16 +34,12 @@ def engine_for(strategy: Any = None, private: bool = False) -> Collectives:
         strategy = context.get_strategy()
     if strategy is context.default_strategy():
         if not _WORLD:
-            from hpcdist.runtime import world
-
             _WORLD.append(Collectives(world().comm))
         engine = _WORLD[0]
     else:
         ext = strategy.extended
         engine = ext._collectives
         if engine is None:  # a strategy of one worker: nothing to reduce with other ranks
-            from hpcdist.runtime import mpi
-
             engine = Collectives(mpi().COMM_SELF)
         local = ext._num_local_replicas
         if local != 1:

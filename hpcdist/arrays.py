@@ -15,10 +15,13 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from hpcdist.errors import ArrayInteropError
 
 
 def is_cupy(x: Any) -> bool:
@@ -40,7 +43,7 @@ def array_module(x: Any) -> ModuleType:
     Example: ``xp = array_module(x); xp.zeros_like(x)``.
     """
     if is_cupy(x):
-        import cupy
+        import cupy  # lazy: optional GPU dependency (CuPy)
 
         return cupy
     return np
@@ -90,7 +93,7 @@ def to_device(x: Any, device_type: str, index: int = 0, copy: bool = True) -> An
         host = to_host(x)
         return np.array(host, copy=True) if copy else host
     if kind == "GPU":
-        import cupy
+        import cupy  # lazy: optional GPU dependency (CuPy)
 
         with cupy.cuda.Device(index):
             if copy or not is_cupy(x) or int(x.device.id) != index:
@@ -136,7 +139,6 @@ def _framework(x: Any) -> str:
     root = type(x).__module__.split(".", 1)[0]
     if root not in _FRAMEWORKS:
         return ""
-    import sys
 
     if root == "torch":
         return "torch" if isinstance(x, sys.modules["torch"].Tensor) else ""
@@ -180,8 +182,6 @@ def has_foreign(items: Any) -> bool:
 
 
 def _error(what: str, found: str, fix: str) -> Exception:
-    from hpcdist.errors import ArrayInteropError
-
     return ArrayInteropError(f"hpcdist cannot take {what}: found {found}. {fix}")
 
 
@@ -208,13 +208,13 @@ def import_array(x: Any) -> Any:
     device_type = x.__dlpack_device__()[0] if hasattr(x, "__dlpack_device__") else 1
     if device_type == 1:  # kDLCPU
         return np.from_dlpack(x)
-    import cupy
+    import cupy  # lazy: optional GPU dependency (CuPy)
 
     return cupy.from_dlpack(x)
 
 
 def _from_torch(t: Any) -> Any:
-    import torch
+    import torch  # lazy: optional framework (PyTorch)
 
     if t.requires_grad:
         raise _error(
@@ -253,7 +253,7 @@ def _from_torch(t: Any) -> Any:
                 f"Move it with tensor.to('cuda:{current}') or bind the rank to {t.device} "
                 "with torch.cuda.set_device",
             )
-        import cupy
+        import cupy  # lazy: optional GPU dependency (CuPy)
 
         return cupy.from_dlpack(t)
     raise _error(
@@ -279,14 +279,14 @@ def _from_jax(a: Any) -> Any:
     if platform == "cpu":
         return np.from_dlpack(a)
     if platform == "gpu":
-        import cupy
+        import cupy  # lazy: optional GPU dependency (CuPy)
 
         return cupy.from_dlpack(a)
     raise _error(f"a JAX array on {platform}", platform, "Move it to the CPU or a CUDA GPU")
 
 
 def _from_tensorflow(t: Any) -> Any:
-    import tensorflow as tf
+    import tensorflow as tf  # lazy: optional framework (TensorFlow)
 
     if isinstance(t, tf.Variable):
         t = t.read_value()
@@ -297,7 +297,7 @@ def _from_tensorflow(t: Any) -> Any:
             "Convert it with tf.cast(t, tf.float32) and back after the call",
         )
     if "GPU" in t.device.upper():
-        import cupy
+        import cupy  # lazy: optional GPU dependency (CuPy)
 
         return cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(t))
     return t.numpy()
@@ -319,7 +319,7 @@ def export_like(like: Any, result: Any) -> Any:
     if isinstance(result, np.generic) or (isinstance(result, np.ndarray) and result.ndim == 0):
         result = np.array(result)
     if kind == "torch":
-        import torch
+        import torch  # lazy: optional framework (PyTorch)
 
         if is_cupy(result):
             return torch.from_dlpack(result)
@@ -328,7 +328,7 @@ def export_like(like: Any, result: Any) -> Any:
         out = torch.from_numpy(result)
         return out if like.device.type == "cpu" else out.to(like.device)
     if kind == "jax":
-        import jax
+        import jax  # lazy: optional framework (JAX)
 
         device = next(iter(like.devices()))
         if is_cupy(result) or device.platform == "cpu":
@@ -337,7 +337,7 @@ def export_like(like: Any, result: Any) -> Any:
             except Exception:  # a layout JAX will not adopt: copy instead
                 pass
         return jax.device_put(to_host(result), device)
-    import tensorflow as tf
+    import tensorflow as tf  # lazy: optional framework (TensorFlow)
 
     if is_cupy(result):
         return tf.experimental.dlpack.from_dlpack(result.toDlpack())

@@ -25,7 +25,12 @@ import platform
 import sys
 from typing import Any
 
+from hpcdist.bench import BENCHMARKS, run
+from hpcdist.cluster.detect import describe_environment
+from hpcdist.collectives.nccl import nccl_available
 from hpcdist.errors import HpcdistError
+from hpcdist.runtime import cuda_aware_support, library_version, mpi, world
+from hpcdist.runtime.mpi import thread_level_name
 
 
 def _version_of(module: str) -> str:
@@ -41,7 +46,7 @@ def _nccl_version() -> str:
     if importlib.util.find_spec("cupy") is None:
         return "not installed (needs CuPy)"
     try:
-        from cupy.cuda import nccl
+        from cupy.cuda import nccl  # lazy: optional GPU dependency (CuPy)
 
         code = int(nccl.get_version())
         return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
@@ -51,7 +56,6 @@ def _nccl_version() -> str:
 
 def rank_info() -> dict[str, Any]:
     """This rank's row of the table. Example: ``rank_info()["rank"] == world().rank``."""
-    from hpcdist.runtime import world
 
     w = world()
     row: dict[str, Any] = {
@@ -73,12 +77,7 @@ def rank_info() -> dict[str, Any]:
 
 def job_info() -> dict[str, Any]:
     """What is the same on every rank: launcher, scheduler, MPI library, versions."""
-    import mpi4py
-
-    from hpcdist.cluster.detect import describe_environment
-    from hpcdist.collectives.nccl import nccl_available
-    from hpcdist.runtime import cuda_aware_support, library_version, mpi, world
-    from hpcdist.runtime.mpi import thread_level_name
+    import mpi4py  # lazy: MPI start-up (only its version is read, after mpi())
 
     MPI = mpi()
     w = world()
@@ -149,7 +148,6 @@ def format_job(job: dict[str, Any]) -> str:
 
 def info(as_json: bool = False) -> int:
     """Run ``hpcdist info`` on every rank; rank 0 prints. Returns the exit status."""
-    from hpcdist.runtime import world
 
     w = world()
     rows = w.comm.gather(rank_info(), root=0)
@@ -176,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="print the ranks, nodes, GPUs, MPI library and versions")
     p_info.add_argument("--json", action="store_true", help="machine-readable output")
-    from hpcdist.bench import BENCHMARKS
 
     p_bench = sub.add_parser(
         "bench",
@@ -189,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "info":
             return info(as_json=args.json)
         if args.command == "bench":
-            from hpcdist.bench import run
-
             return run(args.benchmark, args.options)
     except HpcdistError as exc:
         print(f"hpcdist: error: {exc}", file=sys.stderr)

@@ -296,6 +296,20 @@ class UnavailableError(HpcdistError, RuntimeError):
     """
 
 
+class NotRegisteredError(HpcdistError, RuntimeError):
+    """A lower layer needs what an upper layer registers when imported, and none is registered.
+
+    The layers are one-way (see docs/architecture.md): the strategy layer reaches
+    the input pipeline, and the cluster layer the MPI bootstrap, through a
+    provider that ``import hpcdist`` registers. Importing only a lower package
+    by hand leaves it unset.
+
+    Example:
+        >>> issubclass(NotRegisteredError, RuntimeError)
+        True
+    """
+
+
 class CollectiveStallWarning(RuntimeWarning):
     """A collective has waited longer than the stall threshold for some ranks.
 
@@ -343,6 +357,7 @@ __all__ = [
     "RemoteError",
     "ProgramsDivergedError",
     "UnavailableError",
+    "NotRegisteredError",
 ]
 
 

@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import importlib.util
 import logging
@@ -56,7 +57,10 @@ from typing import Any
 import numpy as np
 
 from hpcdist.bench.report import save_line_plot, save_report
+from hpcdist.bench.resnet50 import resnet50_gradients
+from hpcdist.collectives import Collectives, CommunicationOptions, ReduceOp
 from hpcdist.errors import BenchmarkError
+from hpcdist.runtime import library_version, mpi, world
 
 RAW = "mpi4py"
 GLOO = "gloo"
@@ -338,7 +342,6 @@ def time_call(comm: Any, call: Callable[[], Any], iters: int) -> float:
 
     Example: ``time_call(comm, functools.partial(comm.Allreduce, x, y), 10)``.
     """
-    from hpcdist.runtime import mpi
 
     comm.Barrier()
     t0 = time.perf_counter()
@@ -422,10 +425,8 @@ class Gloo:
         error = ""
         started: Any = None  # torch.distributed, once imported
         try:
-            import datetime
-
-            import torch
-            import torch.distributed as dist
+            import torch  # lazy: optional framework (PyTorch)
+            import torch.distributed as dist  # lazy: optional framework (PyTorch)
 
             started = dist
             dist.init_process_group(
@@ -492,8 +493,6 @@ def measure_size(
     Example: ``measure_size(4096, comm=comm, engine=Collectives(comm), gloo=gloo, iters=100,
     repeats=5, warmup=2, check=True)``.
     """
-    from hpcdist.collectives import CommunicationOptions, ReduceOp
-    from hpcdist.runtime import mpi
 
     MPI = mpi()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -542,9 +541,6 @@ def measure_resnet(
     Example: ``measure_resnet(comm=comm, engine=engine, repeats=5, warmup=1, check=True,
     stat="median")["loop_over_hpcdist"]``.
     """
-    from hpcdist.bench.resnet50 import resnet50_gradients
-    from hpcdist.collectives import CommunicationOptions, ReduceOp
-    from hpcdist.runtime import mpi
 
     MPI = mpi()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -682,8 +678,6 @@ def main(
     """
     args = build_parser(prog, out).parse_args(argv)
     _validate(args)
-    from hpcdist.collectives import Collectives
-    from hpcdist.runtime import library_version, mpi, world
 
     started = time.perf_counter()
     w = world()

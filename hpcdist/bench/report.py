@@ -36,10 +36,10 @@ def pyplot() -> Any:
     Example: ``plt = pyplot()`` then ``if plt is not None: ...``.
     """
     try:
-        import matplotlib
+        import matplotlib  # lazy: optional plotting dependency
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: optional plotting dependency
     except ImportError:
         print("matplotlib is not installed (extra 'bench'): no plot written")
         return None

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+import hpcdist as hd
 from hpcdist.bench.allreduce import (
     GLOO,
     RAW,
@@ -52,8 +53,13 @@ from hpcdist.bench.allreduce import (
     _agree_or_raise,
     format_bytes,
     parse_bytes,
+    time_call,
 )
 from hpcdist.bench.report import save_line_plot, save_report
+from hpcdist.bench.resnet50 import resnet50_gradients
+from hpcdist.collectives import CommunicationOptions, ReduceOp
+from hpcdist.kernels import arrive_and_wait
+from hpcdist.runtime import library_version, mpi, world
 
 ENGINE = "engine"
 STRATEGY_REDUCE = "strategy-reduce"
@@ -189,9 +195,6 @@ def measure_size(nbytes: int, *, comm: Any, strategy: Any, gloo: Gloo, repeats: 
 
     Returns the repetitions' seconds per series and the algorithm AUTO picked.
     """
-    import hpcdist as hd
-    from hpcdist.collectives import CommunicationOptions, ReduceOp
-    from hpcdist.runtime import mpi
 
     MPI = mpi()
     rank = comm.Get_rank()
@@ -242,7 +245,6 @@ def time_shuffled(comm: Any, calls: dict[str, Callable[[], Any]], iters: int, re
 
     Example: ``time_shuffled(comm, {"raw": f, "engine": g}, iters=10, repeats=5, warmup=2)``.
     """
-    from hpcdist.bench.allreduce import time_call
 
     names = list(calls)
     for name in names:
@@ -257,10 +259,6 @@ def time_shuffled(comm: Any, calls: dict[str, Callable[[], Any]], iters: int, re
 
 def measure_resnet(*, comm: Any, strategy: Any, repeats: int) -> dict[str, Any]:
     """ResNet-50's 161 gradients: ``run`` + ``all_reduce`` of the list vs a per-tensor raw loop."""
-    import hpcdist as hd
-    from hpcdist.bench.resnet50 import resnet50_gradients
-    from hpcdist.collectives import ReduceOp
-    from hpcdist.runtime import mpi
 
     MPI = mpi()
     rank = comm.Get_rank()
@@ -305,8 +303,6 @@ def measure_small_costs(*, comm: Any, strategy: Any, repeats: int) -> dict[str, 
     """Microseconds: the compiled barrier call that publishes and compares the digest
     (the always-on check; one rank's own cost, no peer waited for), and a 4 KiB call
     unchecked vs checked (sequence numbers, arrival board)."""
-    from hpcdist.collectives import CommunicationOptions, ReduceOp
-    from hpcdist.kernels import arrive_and_wait
 
     flags = np.zeros(8, np.int64)
     n = 20000
@@ -363,8 +359,6 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "hpcdist bench strate
          out: str = "benchmarks/results") -> int:
     """Run on every rank; rank 0 prints and writes. Example: ``main(["--quick"])``."""
     args = build_parser(prog, out).parse_args(argv)
-    import hpcdist as hd
-    from hpcdist.runtime import library_version, world
 
     w = world()
     if w.size < 2:

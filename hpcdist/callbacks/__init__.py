@@ -17,7 +17,8 @@ Example:
 """
 
 from hpcdist.callbacks.backup import BackupAndRestore
-from hpcdist.callbacks.base import Callback, CallbackList, History, is_chief
+from hpcdist.callbacks.base import Callback, History, is_chief
+from hpcdist.callbacks.callback_list import CallbackList
 from hpcdist.callbacks.checkpoint import ModelCheckpoint
 from hpcdist.callbacks.csv_logger import CSVLogger
 from hpcdist.callbacks.early_stopping import EarlyStopping

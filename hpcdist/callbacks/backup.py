@@ -44,6 +44,11 @@ from typing import Any
 import numpy as np
 
 from hpcdist.callbacks.base import Callback, Logs, is_chief
+from hpcdist.checkpoint.checkpoint import Checkpoint
+from hpcdist.checkpoint.manager import CheckpointManager
+from hpcdist.checkpoint.preemption import PREEMPTION_EXIT_CODE
+from hpcdist.checkpoint.watcher import PreemptionWatcher
+from hpcdist.data.dataset import iteration_counts
 from hpcdist.errors import CheckpointError
 
 
@@ -99,7 +104,6 @@ class FitState:
             return self.iterator._checkpoint_state()[1]
         if self.dist is None or not hasattr(self.dist, "_sources"):
             return None
-        from hpcdist.data.dataset import iteration_counts
 
         counts = [iteration_counts(s) for s in self.dist._sources]
         return {"counts": counts, "steps": 0, "done": False}
@@ -186,9 +190,6 @@ class BackupAndRestore(Callback):
     # -- called by fit
     def _begin(self, model: Any, state: FitState) -> bool:
         """Make the checkpoint, restore the newest backup (collective); whether one was found."""
-        from hpcdist.checkpoint.checkpoint import Checkpoint
-        from hpcdist.checkpoint.manager import CheckpointManager
-        from hpcdist.checkpoint.watcher import PreemptionWatcher
 
         self._state = state
         objects = {"model": model, "fit_state": state}
@@ -256,8 +257,6 @@ class BackupAndRestore(Callback):
 
 
 def _exit_code() -> int:
-    from hpcdist.checkpoint.preemption import PREEMPTION_EXIT_CODE
-
     return PREEMPTION_EXIT_CODE
 
 

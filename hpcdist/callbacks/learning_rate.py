@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.arrays import to_host
 from hpcdist.callbacks.base import Callback, Logs, is_chief, log, monitor_op_for
 
 
@@ -48,7 +49,6 @@ def _same_on_every_worker(model: Any, value: float) -> float:
     extended = getattr(strategy, "extended", None)
     if extended is None or getattr(extended, "_num_workers", 1) <= 1:
         return value
-    from hpcdist.arrays import to_host
 
     out = extended._broadcast_initial_value(np.array([value], dtype=np.float64))
     return float(to_host(out)[0])

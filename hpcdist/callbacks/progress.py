@@ -41,6 +41,7 @@ import time
 from typing import Any, TextIO
 
 from hpcdist.callbacks.base import Callback, Logs, is_chief
+from hpcdist.cluster.launchers import find_launcher
 
 FRACTION = 0.1  # a progress line at each tenth of an epoch's steps ...
 MIN_INTERVAL_S = 5.0  # ... but not sooner than this after the last line ...
@@ -59,7 +60,6 @@ def live_display(stream: Any, environ: Any = None) -> bool:
             return False
     except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
         return False
-    from hpcdist.cluster.launchers import find_launcher
 
     try:
         return find_launcher(environ) is None
@@ -123,7 +123,7 @@ def _format_postfix(logs: Logs | None) -> str:
 
 def _import_tqdm() -> Any:
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # lazy: optional progress-bar dependency
     except ImportError:
         return None
     return tqdm

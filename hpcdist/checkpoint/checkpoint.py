@@ -34,8 +34,11 @@ import numpy as np
 
 from hpcdist.checkpoint import format as fmt
 from hpcdist.checkpoint.state import adapt, has_protocol, ps_variables_of
+from hpcdist.checkpoint.state_file import write_state_file
 from hpcdist.checkpoint.status import CheckpointLoadStatus, CheckpointMatchError
 from hpcdist.checkpoint.sync import Group, is_ps_strategy
+from hpcdist.distribute import context
+from hpcdist.distribute.ps.checkpoint import pause_clients, restore_ps_shards, save_ps_shards
 from hpcdist.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointLoadStatus", "CheckpointMatchError"]
@@ -132,8 +135,6 @@ class Checkpoint:
         return out
 
     def _strategy(self) -> Any:
-        from hpcdist.distribute import context
-
         found = []
         stack = list(self._objects.values())
         while stack:
@@ -164,7 +165,6 @@ class Checkpoint:
 
         Example: ``ckpt.save("/ckpt/run")`` returns ``"/ckpt/run-1"``, then ``"/ckpt/run-2"``.
         """
-        from hpcdist.checkpoint.manager import write_state_file
 
         self._save_counter += 1
         prefix = f"{os.fspath(file_prefix)}-{self._save_counter}"
@@ -210,8 +210,6 @@ class Checkpoint:
                 try:
                     fragment, names = None, None
                     if ps:
-                        from hpcdist.distribute.ps.checkpoint import save_ps_shards
-
                         unique = list({id(v): v for vs in ps.values() for v in vs}.values())
                         fragment = save_ps_shards(strategy, prefix, unique)
                         names = {p: [str(v.name) for v in vs] for p, vs in ps.items()}
@@ -298,7 +296,6 @@ class Checkpoint:
                                     f"{prefix!r} holds parameter-server shards; restore it "
                                     "under ParameterServerStrategy"
                                 )
-                            from hpcdist.distribute.ps.checkpoint import restore_ps_shards
 
                             assert manifest is not None  # read above on the root
                             restore_ps_shards(strategy, prefix, manifest["ps_shards"])
@@ -323,7 +320,6 @@ def _paused(strategy: Any, group: Group) -> Any:
     """Under ParameterServerStrategy: every client flushes its updates and waits (a snapshot)."""
     if not is_ps_strategy(strategy):
         return contextlib.nullcontext()
-    from hpcdist.distribute.ps.checkpoint import pause_clients
 
     return pause_clients(strategy, group.comm)
 

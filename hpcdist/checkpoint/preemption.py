@@ -53,7 +53,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hpcdist.checkpoint.checkpoint import Checkpoint
+from hpcdist.checkpoint.manager import CheckpointManager
 from hpcdist.checkpoint.watcher import PREEMPTION_SIGNALS, PreemptionWatcher
+from hpcdist.distribute import context
 from hpcdist.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -155,7 +158,6 @@ def _find_strategy(checkpoint: Any) -> Any:
     finder = getattr(checkpoint, "_strategy", None)
     if callable(finder):
         return finder()
-    from hpcdist.distribute import context
 
     return context.get_strategy()
 
@@ -237,9 +239,6 @@ class PreemptionCheckpointHandler:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         termination_config: TerminationConfig | None = None,
     ) -> None:
-        from hpcdist.checkpoint.checkpoint import Checkpoint
-        from hpcdist.checkpoint.manager import CheckpointManager
-
         config = TerminationConfig() if termination_config is None else termination_config
         if not isinstance(config, TerminationConfig):
             raise TypeError(

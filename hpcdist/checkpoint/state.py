@@ -7,7 +7,10 @@ one for:
 
 * ``hd.Variable`` and the distributed variables (one array ``"value"``),
   ``ShardedVariable`` (the whole value);
-* a ``Model`` (its ``weights``, keyed by position, checked by shape);
+* a model: any object with ``weights``, ``get_weights`` and ``set_weights``
+  (:class:`WeightsOwner`, which ``hpcdist.nn.Model`` implements), its ``weights``
+  keyed by position, checked by shape. The checkpoint layer defines this protocol
+  and never imports ``hpcdist.nn`` (a layer above it);
 * an ``Optimizer`` (``iterations`` and every slot, keyed ``"slot/<i>/<name>"`` by the
   position of the variable in the optimizer). Restoring into an optimizer that has
   no slots yet is *deferred*: the values wait on the optimizer and are applied when
@@ -32,14 +35,43 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from hpcdist.arrays import to_host
+from hpcdist.distribute.ps.variable import PSVariable
+from hpcdist.distribute.sharded_variable import ShardedVariable
+from hpcdist.distribute.variables import Variable
 from hpcdist.errors import CheckpointError
+from hpcdist.optimizers.optimizer import Optimizer
 
-__all__ = ["adapt", "has_protocol", "ps_variables_of"]
+__all__ = ["WeightsOwner", "adapt", "has_protocol", "ps_variables_of"]
+
+
+@runtime_checkable
+class WeightsOwner(Protocol):
+    """A model as the checkpoint sees it: its variables, and their values read and set.
+
+    ``hpcdist.nn.Model`` implements it; so can any user class.
+
+    Example:
+        >>> isinstance(object(), WeightsOwner)
+        False
+    """
+
+    @property
+    def weights(self) -> list[Any]:
+        """The model's variables, in a fixed order."""
+        ...
+
+    def get_weights(self) -> list[np.ndarray]:
+        """The variables' values."""
+        ...
+
+    def set_weights(self, weights: Any) -> None:
+        """Assign the variables' values."""
+        ...
 
 
 def has_protocol(obj: Any) -> bool:
@@ -55,9 +87,6 @@ def has_protocol(obj: Any) -> bool:
 
 
 def _is_ps_variable(v: Any) -> bool:
-    from hpcdist.distribute.ps.variable import PSVariable
-    from hpcdist.distribute.sharded_variable import ShardedVariable
-
     if isinstance(v, ShardedVariable):
         return any(isinstance(s, PSVariable) for s in v.variables)
     return isinstance(v, PSVariable)
@@ -368,18 +397,11 @@ def adapt(obj: Any) -> Any:
     """
     if has_protocol(obj):
         return obj
-    from hpcdist.distribute.sharded_variable import ShardedVariable
-    from hpcdist.distribute.variables import Variable
-    from hpcdist.nn.model import Model
-    from hpcdist.optimizers.optimizer import Optimizer
-
     if isinstance(obj, (Variable, ShardedVariable)):
         return VariableState(obj)
     if isinstance(obj, Optimizer):
         return OptimizerState(obj)
-    if isinstance(obj, Model) or all(
-        hasattr(obj, a) for a in ("weights", "get_weights", "set_weights")
-    ):
+    if isinstance(obj, WeightsOwner):
         return ModelState(obj)
     if isinstance(obj, (np.random.Generator, np.random.RandomState)):
         return GeneratorState(obj)

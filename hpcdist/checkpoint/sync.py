@@ -28,35 +28,20 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.checkpoint.format import CheckpointNotFoundError
+from hpcdist.distribute.ps.checkpoint import clients_comm, is_ps_strategy
 from hpcdist.errors import CheckpointCorruptError, CheckpointError
+from hpcdist.runtime import mpi
 
 __all__ = ["Group", "is_ps_strategy"]
 
 _CHUNK = 1 << 30  # bytes per Bcast (stays below MPI's int count limit)
 
 
-def is_ps_strategy(strategy: Any) -> bool:
-    """Whether ``strategy`` is a ParameterServerStrategy (its variables live on ps ranks).
-
-    Example:
-        >>> import hpcdist as hd
-        >>> is_ps_strategy(hd.distribute.get_strategy())
-        False
-    """
-    try:
-        from hpcdist.distribute.ps.checkpoint import is_ps_strategy as check
-    except ImportError:
-        ext = getattr(strategy, "_extended", None)
-        return hasattr(ext, "_roles") and hasattr(ext, "_coordination_comm")
-    return bool(check(strategy))
-
-
 def _communicator(strategy: Any) -> Any:
     """A new communicator of the strategy's workers (``None`` with one worker); collective."""
     ext = strategy.extended
     if is_ps_strategy(strategy):
-        from hpcdist.distribute.ps.checkpoint import clients_comm
-
         return clients_comm(strategy)
     collectives = getattr(ext, "_collectives", None)
     if collectives is None or getattr(ext, "_num_workers", 1) <= 1:
@@ -66,15 +51,11 @@ def _communicator(strategy: Any) -> Any:
 
 
 def _raise_as(kind: str, message: str) -> None:
-    from hpcdist.checkpoint.format import CheckpointNotFoundError
-
     cls = {"corrupt": CheckpointCorruptError, "notfound": CheckpointNotFoundError}
     raise cls.get(kind, CheckpointError)(message)
 
 
 def _kind(error: BaseException) -> str:
-    from hpcdist.checkpoint.format import CheckpointNotFoundError
-
     if isinstance(error, CheckpointCorruptError):
         return "corrupt"
     if isinstance(error, CheckpointNotFoundError):
@@ -134,8 +115,6 @@ class Group:
 
     # -- messages ---------------------------------------------------------------------------
     def _min(self, value: int) -> int:
-        from hpcdist.runtime import mpi
-
         out = np.zeros(1, np.int64)
         self.comm.Allreduce(np.array([value], np.int64), out, op=mpi().MIN)
         return int(out[0])
@@ -151,8 +130,6 @@ class Group:
         return buf.tobytes()
 
     def _bcast_buffer(self, buf: np.ndarray, root: int) -> None:
-        from hpcdist.runtime import mpi
-
         flat = buf.reshape(-1).view(np.uint8)
         for start in range(0, flat.size, _CHUNK):
             self.comm.Bcast([flat[start : start + _CHUNK], mpi().BYTE], root=root)
@@ -208,7 +185,6 @@ class Group:
         """
         if self.comm is None:
             return [obj]
-        from hpcdist.runtime import mpi
 
         MPI = mpi()
         data = np.frombuffer(json.dumps(obj).encode(), np.uint8).copy()

@@ -26,6 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.checkpoint.sync import _communicator
+from hpcdist.runtime import mpi
+
 __all__ = ["PREEMPTION_SIGNALS", "PreemptionWatcher"]
 
 log = logging.getLogger("hpcdist.checkpoint")
@@ -61,8 +64,6 @@ class PreemptionWatcher:
         signals: tuple[signal.Signals, ...] = PREEMPTION_SIGNALS,
         poll_interval: float = 1.0,
     ) -> None:
-        from hpcdist.checkpoint.sync import _communicator
-
         self._comm = None if strategy is None else _communicator(strategy)
         self._watcher_fn = termination_watcher_fn
         self._signals = tuple(signals)
@@ -78,8 +79,6 @@ class PreemptionWatcher:
         self._send, self._recv = self._buf[:1], self._buf[1:]
         self._max: Any = None
         if self._comm is not None:
-            from hpcdist.runtime import mpi
-
             self._max = mpi().MAX
 
     # -- notices

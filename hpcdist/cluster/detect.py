@@ -37,7 +37,10 @@ from hpcdist.cluster.launchers import (
     detect_launcher,
     slurm_step_id,
 )
+from hpcdist.cluster.mpi import MPIClusterResolver
 from hpcdist.cluster.schedulers import detect_scheduler
+from hpcdist.cluster.slurm import SlurmClusterResolver
+from hpcdist.cluster.tfconfig import TFConfigClusterResolver
 from hpcdist.errors import LauncherConfigError
 
 TF_CONFIG_RESOLVER = "TFConfigClusterResolver"
@@ -120,14 +123,9 @@ def resolve(environ: Mapping[str, str] | None = None, **kwargs: Any) -> ClusterR
     name, _reason, _launch = _choose(environ_or_default(environ))
     args = {k: v for k, v in kwargs.items() if k in RESOLVER_KWARGS[name]}
     if name == TF_CONFIG_RESOLVER:
-        from hpcdist.cluster.tfconfig import TFConfigClusterResolver
-
         return TFConfigClusterResolver(environ=environ, **args)
     if name == MPI_RESOLVER:
-        from hpcdist.cluster.mpi import MPIClusterResolver
-
         return MPIClusterResolver(environ=environ, **args)
-    from hpcdist.cluster.slurm import SlurmClusterResolver
 
     return SlurmClusterResolver(environ=environ, **args)
 

@@ -2,8 +2,9 @@
 
 Rank, size and local rank come from the launcher's variables
 (:func:`hpcdist.cluster.launchers.detect_launcher`); without any, from MPI
-itself (``mpi4py``, through :func:`hpcdist.runtime.mpi.mpi`, imported only
-then). Ranks are given to jobs in sorted job-name order, as TF's
+itself (``mpi4py``, started by the MPI bootstrap that :mod:`hpcdist.runtime`
+registers with :func:`set_mpi_provider`; the cluster layer never imports the
+runtime layer above it). Ranks are given to jobs in sorted job-name order, as TF's
 ``SlurmClusterResolver`` does (:func:`hpcdist.cluster.base.assign_jobs`): with
 ``jobs={"ps": 2, "worker": 6}`` ranks 0-1 are ``ps`` 0-1 and ranks 2-7 are
 ``worker`` 0-5. Every task listens on ``host:port_base + local_rank``, the
@@ -31,28 +32,50 @@ Example:
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
 
 from hpcdist.cluster.base import ClusterResolver, assign_jobs, task_of_rank
 from hpcdist.cluster.envparse import short
 from hpcdist.cluster.gpus import bind_gpus
 from hpcdist.cluster.launchers import LaunchInfo, detect_launcher
 from hpcdist.cluster.spec import ClusterSpec
-from hpcdist.errors import ClusterConfigError, LauncherConfigError
-
-if TYPE_CHECKING:
-    from mpi4py import MPI
+from hpcdist.errors import ClusterConfigError, LauncherConfigError, NotRegisteredError
 
 #: The launcher name reported when the world came from MPI itself.
 MPI_FALLBACK = "mpi"
 
 
+# The function that returns ``mpi4py.MPI`` (starting MPI on its first call). The runtime
+# layer sets it when it is imported (``import hpcdist`` always imports it), so this
+# module stays a pure function of the environment and the communicator it is given.
+_mpi_provider: Callable[[], ModuleType] | None = None
+
+
+def set_mpi_provider(provider: Callable[[], ModuleType]) -> None:
+    """Set the function that starts MPI and returns ``mpi4py.MPI`` (the runtime's bootstrap).
+
+    :mod:`hpcdist.runtime.mpi` registers :func:`hpcdist.runtime.mpi.mpi` here when it
+    is imported; a resolver created without launcher variables or ``comm`` calls it.
+
+    Example:
+        >>> from hpcdist.runtime.mpi import mpi
+        >>> set_mpi_provider(mpi)
+    """
+    global _mpi_provider
+    _mpi_provider = provider
+
+
 def _mpi() -> Any:
     """``mpi4py.MPI``, started by hpcdist's bootstrap (which sets the thread level)."""
-    from hpcdist.runtime.mpi import mpi
-
-    return mpi()
+    if _mpi_provider is None:
+        raise NotRegisteredError(
+            "MPIClusterResolver needs MPI (no launcher variables and no comm were given), "
+            "but no MPI bootstrap is registered; expected hpcdist.runtime to be imported "
+            "(`import hpcdist` does it), or pass comm= or hosts= and launcher variables"
+        )
+    return _mpi_provider()
 
 
 def _world_from_mpi(comm: Any) -> tuple[Any, LaunchInfo]:
@@ -104,7 +127,7 @@ class MPIClusterResolver(ClusterResolver):
         port_base: int = 8888,
         rpc_layer: str | None = None,
         environ: Mapping[str, str] | None = None,
-        comm: MPI.Comm | None = None,
+        comm: Any = None,  # an mpi4py communicator; cluster never imports mpi4py itself
         hosts: Sequence[str] | None = None,
     ) -> None:
         self._environ = environ
@@ -201,4 +224,4 @@ class MPIClusterResolver(ClusterResolver):
         return self._info
 
 
-__all__ = ["MPIClusterResolver", "MPI_FALLBACK"]
+__all__ = ["MPIClusterResolver", "MPI_FALLBACK", "set_mpi_provider"]

@@ -17,10 +17,16 @@ Example:
     [(array([0]), array([2])), (array([4]), array([6]))]
 """
 
+# Imported for what they register: the dataset nodes (with Dataset) and the strategies'
+# input pipeline (with hpcdist.distribute.input_pipeline).
+from hpcdist.data import passthrough_nodes as passthrough_nodes
+from hpcdist.data import provider as provider
+from hpcdist.data import source_nodes as source_nodes
+from hpcdist.data import transform_nodes as transform_nodes
 from hpcdist.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset, TensorSpec
 from hpcdist.data.distributed import DistributedDataset, DistributedIterator
-from hpcdist.data.input_context import InputContext, InputOptions, InputReplicationMode
 from hpcdist.data.options import AutoShardPolicy, DistributeOptions, Options
+from hpcdist.distribute.input_context import InputContext, InputOptions, InputReplicationMode
 
 __all__ = [
     "AUTOTUNE",

@@ -37,6 +37,9 @@ import weakref
 from typing import Any, NamedTuple
 
 from hpcdist.data.options import AutoShardPolicy
+from hpcdist.data.passthrough_nodes import ShardDataset
+from hpcdist.data.source_nodes import FileListDataset
+from hpcdist.data.transform_nodes import FileReaderDataset, ShuffleDataset
 
 log = logging.getLogger("hpcdist")
 
@@ -86,7 +89,6 @@ def _as_policy(value: Any) -> AutoShardPolicy:
 
 def _file_source(chain: list[Any]) -> tuple[int, bool]:
     """(index of the file-name source in ``chain`` or -1, whether a file reader follows it)."""
-    from hpcdist.data.dataset import FileListDataset, FileReaderDataset
 
     if not chain or not isinstance(chain[0], FileListDataset):
         return -1, False
@@ -114,7 +116,6 @@ def _first_time(dataset: Any, num_workers: int) -> bool:
 
 def _unseeded_shuffles(chain: list[Any]) -> list[str]:
     """Nodes that give each worker a different order (no seed): bad for DATA and FILE."""
-    from hpcdist.data.dataset import FileListDataset, ShuffleDataset
 
     found = []
     for node in chain:
@@ -251,7 +252,6 @@ def shard_files(dataset: Any, num_workers: int, worker_index: int) -> Any:
 
     Example: ``shard_files(Dataset.from_files(paths).read_npy().batch(4), 2, 1)``.
     """
-    from hpcdist.data.dataset import ShardDataset
 
     chain = chain_of(dataset)
     index, _ = _file_source(chain)

@@ -31,9 +31,10 @@ Layout. This module holds the constants, the switches tests flip
 (``_FAST_PATHS``, ``_SHUFFLE_CHUNK``, ``_PREFETCH_AUTOTUNE``, ``_JOIN_TIMEOUT_S``; the
 other modules read them from here at run time) and the ``Dataset`` base class with
 its public API. The nodes live in ``source_nodes``, ``transform_nodes`` and
-``passthrough_nodes``, element helpers and ``TensorSpec`` in ``structure``, seeded
-randomness and the vectorised shuffle in ``shuffle``; all public names are
-re-exported here.
+``passthrough_nodes``, which build on this module and register each node class
+here (:func:`register_node`; ``Dataset``'s methods create nodes by name, and the
+node classes stay importable from here); element helpers and ``TensorSpec`` are in
+``structure``, seeded randomness and the vectorised shuffle in ``shuffle``.
 
 Example:
     >>> ds = Dataset.range(8).batch(3)
@@ -52,7 +53,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -68,6 +69,32 @@ from hpcdist.data.sources import (
     glob_files,
 )
 from hpcdist.data.structure import TensorSpec, _map_structure
+from hpcdist.errors import NotRegisteredError
+
+if TYPE_CHECKING:  # the node classes, for annotations (at run time: _node and __getattr__)
+    from hpcdist.data.passthrough_nodes import (
+        PrefetchDataset,
+        RepeatDataset,
+        ShardDataset,
+        SkipDataset,
+        TakeDataset,
+    )
+    from hpcdist.data.source_nodes import (
+        FileListDataset,
+        GeneratorDataset,
+        RangeDataset,
+        TensorDataset,
+        TensorSliceDataset,
+        _IndexedSource,
+    )
+    from hpcdist.data.transform_nodes import (
+        BatchDataset,
+        FileReaderDataset,
+        FilterDataset,
+        MapDataset,
+        ShuffleDataset,
+        UnbatchDataset,
+    )
 
 log = logging.getLogger("hpcdist.data")
 
@@ -82,6 +109,41 @@ _FAST_PATHS = True  # tests switch this off to compare with the element-by-eleme
 _SHUFFLE_CHUNK = 1 << 16  # slot draws per call of rng.integers (part of the shuffle order)
 _PREFETCH_AUTOTUNE = 2  # batches buffered by prefetch(AUTOTUNE)
 _JOIN_TIMEOUT_S = 10.0  # how long closing a prefetch iterator waits for its thread
+
+
+# -- the node registry ---------------------------------------------------------------------
+# The nodes (source_nodes, transform_nodes, passthrough_nodes) subclass Dataset, so this
+# module cannot import them; each registers itself with @register_node when its module is
+# imported (hpcdist.data imports them all), and Dataset's methods build nodes by name.
+_Node = TypeVar("_Node", bound="Dataset")
+_NODES: dict[str, type[Dataset]] = {}
+
+
+def register_node(cls: type[_Node]) -> type[_Node]:
+    """Make a node class known to :class:`Dataset`'s methods and importable from this module.
+
+    Example: ``@register_node`` above ``class BatchDataset(Dataset): ...``.
+    """
+    _NODES[cls.__name__] = cls
+    return cls
+
+
+def _node(name: str) -> Any:
+    """The registered node class called ``name``."""
+    try:
+        return _NODES[name]
+    except KeyError:
+        raise NotRegisteredError(
+            f"the dataset node {name} is not registered; expected hpcdist.data to be imported "
+            "(it imports every node module)"
+        ) from None
+
+
+def __getattr__(name: str) -> Any:
+    """The node classes, importable from here as before (``dataset.BatchDataset``)."""
+    if name in _NODES:
+        return _NODES[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------------------- Dataset
@@ -104,6 +166,12 @@ class Dataset:
 
     _epochs: _EpochCounter  # on the nodes that draw a new order each iteration
 
+    #: Whether producing this node's elements may wait outside the GIL (on I/O, threads or
+    #: processes), so that a reading-ahead thread has a wait to fill (see
+    #: :mod:`hpcdist.data.distributed`). ``True`` unless a node says otherwise, so a node
+    #: type hpcdist does not know is read ahead; the in-memory nodes set ``False``.
+    releases_gil: ClassVar[bool] = True
+
     def __init__(self, input: Dataset | None = None) -> None:
         if input is not None and not isinstance(input, Dataset):
             raise TypeError(
@@ -119,6 +187,10 @@ class Dataset:
 
     def __iter__(self) -> Iterator[Any]:
         return self._iter()
+
+    def _waits_outside_gil(self) -> bool:
+        """Whether this node, as configured, may wait outside the GIL (``releases_gil``)."""
+        return self.releases_gil
 
     def _with_input(self, new_input: Dataset) -> Dataset:
         """A copy of this node (same parameters and options) reading from ``new_input``.
@@ -227,7 +299,7 @@ class Dataset:
             node = node._input
         merged = Options()
         for node in reversed(chain):
-            if isinstance(node, _OptionsDataset):
+            if isinstance(node, _node("_OptionsDataset")):
                 merged = merged.merge(node._options)
         return merged
 
@@ -241,7 +313,7 @@ class Dataset:
             >>> Dataset.range(4).with_options(o).options().distribute.auto_shard_policy.name
             'DATA'
         """
-        return _OptionsDataset(self, options)
+        return _node("_OptionsDataset")(self, options)
 
     # ---- sources
     @staticmethod
@@ -255,7 +327,7 @@ class Dataset:
             >>> [(int(a), str(b)) for a, b in Dataset.from_tensor_slices(([1, 2], ["a", "b"]))]
             [(1, 'a'), (2, 'b')]
         """
-        return TensorSliceDataset(tensors)
+        return _node("TensorSliceDataset")(tensors)
 
     @staticmethod
     def from_tensors(tensors: Any) -> TensorDataset:
@@ -265,7 +337,7 @@ class Dataset:
             >>> [x.tolist() for x in Dataset.from_tensors([1, 2, 3])]
             [[1, 2, 3]]
         """
-        return TensorDataset(tensors)
+        return _node("TensorDataset")(tensors)
 
     @staticmethod
     def range(*args: int, output_type: DTypeLike = np.int64) -> RangeDataset:
@@ -275,7 +347,7 @@ class Dataset:
             >>> [int(x) for x in Dataset.range(5, 1, -2)]
             [5, 3]
         """
-        return RangeDataset(*args, output_type=output_type)
+        return _node("RangeDataset")(*args, output_type=output_type)
 
     @staticmethod
     def from_generator(
@@ -300,7 +372,9 @@ class Dataset:
             >>> [x.dtype.name for x in ds]
             ['int32', 'int32']
         """
-        return GeneratorDataset(generator, output_types, output_shapes, args, output_signature)
+        return _node("GeneratorDataset")(
+            generator, output_types, output_shapes, args, output_signature
+        )
 
     @staticmethod
     def list_files(
@@ -317,7 +391,7 @@ class Dataset:
         Example: ``Dataset.list_files("data/*.npy", shuffle=False).read_npy()``.
         """
         shuffle = True if shuffle is None else bool(shuffle)
-        return FileListDataset(glob_files(file_pattern), shuffle=shuffle, seed=seed)
+        return _node("FileListDataset")(glob_files(file_pattern), shuffle=shuffle, seed=seed)
 
     @staticmethod
     def from_files(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> FileListDataset:
@@ -325,7 +399,7 @@ class Dataset:
 
         Example: ``Dataset.from_files(["a.npz", "b.npz"]).read_npz(["x", "y"])``.
         """
-        return FileListDataset(check_paths(paths), shuffle=False)
+        return _node("FileListDataset")(check_paths(paths), shuffle=False)
 
     # ---- transformations
     def batch(
@@ -344,7 +418,7 @@ class Dataset:
             >>> [b.tolist() for b in Dataset.range(7).batch(3, drop_remainder=True)]
             [[0, 1, 2], [3, 4, 5]]
         """
-        return BatchDataset(self, batch_size, drop_remainder)
+        return _node("BatchDataset")(self, batch_size, drop_remainder)
 
     def unbatch(self) -> UnbatchDataset:
         """Split every element into its rows (the inverse of ``batch``).
@@ -353,7 +427,7 @@ class Dataset:
             >>> [int(x) for x in Dataset.range(5).batch(2).unbatch()]
             [0, 1, 2, 3, 4]
         """
-        return UnbatchDataset(self)
+        return _node("UnbatchDataset")(self)
 
     def shuffle(
         self,
@@ -368,7 +442,7 @@ class Dataset:
             >>> order == np.random.default_rng(1).permutation(5).tolist()
             True
         """
-        return ShuffleDataset(self, buffer_size, seed, reshuffle_each_iteration)
+        return _node("ShuffleDataset")(self, buffer_size, seed, reshuffle_each_iteration)
 
     def repeat(self, count: int | None = None) -> RepeatDataset:
         """Repeat the dataset ``count`` times (``None`` or -1: forever).
@@ -377,7 +451,7 @@ class Dataset:
             >>> [int(x) for x in Dataset.range(2).repeat(2)]
             [0, 1, 0, 1]
         """
-        return RepeatDataset(self, count)
+        return _node("RepeatDataset")(self, count)
 
     def map(
         self,
@@ -396,7 +470,7 @@ class Dataset:
             >>> [int(x) for x in Dataset.range(3).map(lambda x: x * 2)]
             [0, 2, 4]
         """
-        return MapDataset(self, map_func, num_parallel_calls, deterministic)
+        return _node("MapDataset")(self, map_func, num_parallel_calls, deterministic)
 
     def filter(self, predicate: Callable[..., Any]) -> FilterDataset:
         """Keep the elements for which ``predicate`` returns true.
@@ -405,7 +479,7 @@ class Dataset:
             >>> [int(x) for x in Dataset.range(6).filter(lambda x: x % 2 == 0)]
             [0, 2, 4]
         """
-        return FilterDataset(self, predicate)
+        return _node("FilterDataset")(self, predicate)
 
     def take(self, count: int) -> TakeDataset:
         """The first ``count`` elements (-1: all).
@@ -414,7 +488,7 @@ class Dataset:
             >>> [int(x) for x in Dataset.range(10).take(3)]
             [0, 1, 2]
         """
-        return TakeDataset(self, count)
+        return _node("TakeDataset")(self, count)
 
     def skip(self, count: int) -> SkipDataset:
         """All but the first ``count`` elements (-1: skip everything).
@@ -423,7 +497,7 @@ class Dataset:
             >>> [int(x) for x in Dataset.range(5).skip(3)]
             [3, 4]
         """
-        return SkipDataset(self, count)
+        return _node("SkipDataset")(self, count)
 
     def shard(self, num_shards: int, index: int) -> ShardDataset:
         """The elements ``i`` with ``i % num_shards == index``.
@@ -432,7 +506,7 @@ class Dataset:
             >>> [int(x) for x in Dataset.range(10).shard(3, 0)]
             [0, 3, 6, 9]
         """
-        return ShardDataset(self, num_shards, index)
+        return _node("ShardDataset")(self, num_shards, index)
 
     def prefetch(self, buffer_size: int) -> PrefetchDataset:
         """Produce up to ``buffer_size`` elements ahead in a background thread.
@@ -441,14 +515,14 @@ class Dataset:
             >>> [int(x) for x in Dataset.range(3).prefetch(2)]
             [0, 1, 2]
         """
-        return PrefetchDataset(self, buffer_size)
+        return _node("PrefetchDataset")(self, buffer_size)
 
     def read_npy(self) -> FileReaderDataset:
         """Read each ``.npy`` file named by this dataset; yield its rows (memory-mapped).
 
         Example: ``Dataset.list_files("x-*.npy", shuffle=False).read_npy().batch(32)``.
         """
-        return FileReaderDataset(self, NpyReader())
+        return _node("FileReaderDataset")(self, NpyReader())
 
     def read_npz(self, keys: str | Sequence[str] | None = None) -> FileReaderDataset:
         """Read each ``.npz`` archive named by this dataset; yield its rows.
@@ -458,14 +532,14 @@ class Dataset:
 
         Example: ``Dataset.from_files(paths).read_npz(["x", "y"])`` yields ``(x, y)``.
         """
-        return FileReaderDataset(self, NpzReader(keys))
+        return _node("FileReaderDataset")(self, NpzReader(keys))
 
     def read_hdf5(self, keys: str | Sequence[str]) -> FileReaderDataset:
         """Read the HDF5 datasets ``keys`` of each file named by this dataset (needs h5py).
 
         Example: ``Dataset.from_files(paths).read_hdf5(["images", "labels"])``.
         """
-        return FileReaderDataset(self, Hdf5Reader(keys))
+        return _node("FileReaderDataset")(self, Hdf5Reader(keys))
 
     def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
         """``transformation_func(self)``, for chaining reusable transformations.
@@ -488,33 +562,6 @@ class Dataset:
         """
         for element in self._iter():
             yield _map_structure(lambda v: v.get() if is_cupy(v) else v, element)
-
-
-# The nodes import ``Dataset`` (and the constants above) from this module, so they come last.
-from hpcdist.data.passthrough_nodes import (  # noqa: E402
-    PrefetchDataset,
-    RepeatDataset,
-    ShardDataset,
-    SkipDataset,
-    TakeDataset,
-    _OptionsDataset,
-)
-from hpcdist.data.source_nodes import (  # noqa: E402
-    FileListDataset,
-    GeneratorDataset,
-    RangeDataset,
-    TensorDataset,
-    TensorSliceDataset,
-    _IndexedSource,
-)
-from hpcdist.data.transform_nodes import (  # noqa: E402
-    BatchDataset,
-    FileReaderDataset,
-    FilterDataset,
-    MapDataset,
-    ShuffleDataset,
-    UnbatchDataset,
-)
 
 
 def _counters(dataset: Any) -> list[_EpochCounter]:

@@ -95,13 +95,7 @@ import numpy as np
 
 from hpcdist.arrays import is_array, to_device
 from hpcdist.data.autoshard import apply_autoshard
-from hpcdist.data.dataset import iteration_counts, set_iteration_counts
-from hpcdist.data.input_context import (
-    InputContext,
-    InputOptions,
-    InputReplicationMode,
-    check_input_options,
-)
+from hpcdist.data.dataset import Dataset, iteration_counts, set_iteration_counts
 from hpcdist.data.options import AutoShardPolicy
 from hpcdist.data.rebatch import (
     MAX_REPLICAS,
@@ -114,6 +108,15 @@ from hpcdist.data.rebatch import (
 )
 from hpcdist.data.small_batch import warn_if_batch_below_replicas
 from hpcdist.distribute import nest
+from hpcdist.distribute.devices import parse_device
+from hpcdist.distribute.input_context import (
+    InputContext,
+    InputOptions,
+    InputReplicationMode,
+    check_input_options,
+)
+from hpcdist.distribute.streams import PrefetchCopier
+from hpcdist.distribute.values import PerReplica, regroup
 from hpcdist.errors import CheckpointError, DistributedInputError
 
 _MISSING = object()  # a replica's slot in a step for which its pipeline had no data
@@ -143,8 +146,6 @@ def _int(name: str, value: Any, minimum: int) -> int:
 
 def _device_pair(device: Any) -> tuple[str, int]:
     if isinstance(device, str):
-        from hpcdist.distribute.devices import parse_device
-
         device = parse_device(device)
     kind = getattr(device, "device_type", None)
     index = getattr(device, "index", None)
@@ -366,44 +367,13 @@ def _cuts(b: int, num_workers: int, r: int, worker_index: int, own: bool) -> lis
 
 
 def _waits_outside_gil(node: Any) -> bool:
-    """Whether a pipeline node may wait on I/O, threads or processes (see the module doc)."""
-    from hpcdist.data.dataset import (
-        BatchDataset,
-        FileListDataset,
-        FilterDataset,
-        MapDataset,
-        PrefetchDataset,
-        RangeDataset,
-        RepeatDataset,
-        ShardDataset,
-        ShuffleDataset,
-        SkipDataset,
-        TakeDataset,
-        TensorDataset,
-        TensorSliceDataset,
-        UnbatchDataset,
-        _OptionsDataset,
-    )
+    """Whether a pipeline node may wait on I/O, threads or processes (see the module doc).
 
-    if isinstance(node, MapDataset):
-        return node._threads() > 1
-    in_memory = (
-        BatchDataset,
-        FileListDataset,  # file names only; the readers are FileReaderDataset
-        FilterDataset,
-        PrefetchDataset,  # has a thread of its own already
-        RangeDataset,
-        RepeatDataset,
-        ShardDataset,
-        ShuffleDataset,
-        SkipDataset,
-        TakeDataset,
-        TensorDataset,
-        TensorSliceDataset,
-        UnbatchDataset,
-        _OptionsDataset,
-    )
-    return type(node) not in in_memory  # FileReaderDataset, GeneratorDataset, unknown nodes
+    Each node type says so itself (``Dataset.releases_gil``; a ``map`` with a thread
+    pool decides per instance); a node without the attribute is assumed to wait.
+    """
+    check = getattr(node, "_waits_outside_gil", None)
+    return bool(check()) if callable(check) else True
 
 
 def _read_ahead_helps(sources: Sequence[Any], layout: _Layout, options: InputOptions) -> bool:
@@ -414,7 +384,6 @@ def _read_ahead_helps(sources: Sequence[Any], layout: _Layout, options: InputOpt
         return True  # the caller waits in the end-of-data all-reduce (MPI frees the GIL)
     if _placer(layout, options) is not None:
         return True  # copies to a GPU
-    from hpcdist.data.dataset import Dataset
 
     for source in sources:
         if isinstance(source, Dataset):
@@ -520,12 +489,15 @@ class _Synchronous:
 # -- public classes ----------------------------------------------------------------------
 
 
-class Optional:
+class OptionalValue:
     """A value that may be absent (``tf.experimental.Optional``), from ``get_next_as_optional``.
 
+    Named ``OptionalValue`` so that it does not shadow ``typing.Optional``; the
+    TF name stays importable as ``hpcdist.data.distributed.Optional``.
+
     Example:
-        >>> o = Optional.from_value(3)
-        >>> o.has_value(), o.get_value(), Optional.empty(None).has_value()
+        >>> o = OptionalValue.from_value(3)
+        >>> o.has_value(), o.get_value(), OptionalValue.empty(None).has_value()
         (True, 3, False)
     """
 
@@ -534,14 +506,14 @@ class Optional:
         self._element_spec = element_spec
 
     @staticmethod
-    def from_value(value: Any, element_spec: Any = None) -> Optional:
-        """An ``Optional`` holding ``value``."""
-        return Optional(value, element_spec)
+    def from_value(value: Any, element_spec: Any = None) -> OptionalValue:
+        """An ``OptionalValue`` holding ``value``."""
+        return OptionalValue(value, element_spec)
 
     @staticmethod
-    def empty(element_spec: Any) -> Optional:
-        """An ``Optional`` without a value."""
-        return Optional(_MISSING, element_spec)
+    def empty(element_spec: Any) -> OptionalValue:
+        """An ``OptionalValue`` without a value."""
+        return OptionalValue(_MISSING, element_spec)
 
     def has_value(self) -> bool:
         """Whether a value is present."""
@@ -551,7 +523,7 @@ class Optional:
         """The value; ``ValueError`` when there is none (check :meth:`has_value` first)."""
         if self._value is _MISSING:
             raise ValueError(
-                "this Optional has no value: the distributed dataset is exhausted on every "
+                "this OptionalValue has no value: the distributed dataset is exhausted on every "
                 "worker; check has_value() before get_value()"
             )
         return self._value
@@ -562,7 +534,11 @@ class Optional:
         return self._element_spec
 
     def __repr__(self) -> str:
-        return f"Optional({'empty' if self._value is _MISSING else repr(self._value)})"
+        return f"OptionalValue({'empty' if self._value is _MISSING else repr(self._value)})"
+
+
+#: ``tf.experimental.Optional``'s name, kept for code that imports it from here.
+Optional = OptionalValue
 
 
 class DistributedDataset:
@@ -647,7 +623,6 @@ class DistributedIterator:
         self._dataset = dataset
         self._layout = dataset._layout
         self._agreeing = self._layout.collectives is not None
-        from hpcdist.distribute.values import PerReplica
 
         self._per_replica = PerReplica
         self._start()
@@ -659,8 +634,6 @@ class DistributedIterator:
         self._steps_taken = 0
         self._copier = None
         if dataset._read_ahead and _placer(layout, dataset._options) is not None:
-            from hpcdist.distribute.streams import PrefetchCopier
-
             gpus = [index for kind, index in layout.devices if kind == "GPU"]
             self._copier = PrefetchCopier(gpus)  # in this (the consumer's) thread: its streams
         steps = _steps(
@@ -735,13 +708,17 @@ class DistributedIterator:
         self._steps_taken += 1
         return value
 
-    def get_next_as_optional(self) -> Optional:
-        """The next step as an :class:`Optional`, empty (not an error) at the end."""
+    def get_next_as_optional(self) -> OptionalValue:
+        """The next step as an :class:`OptionalValue`, empty (not an error) at the end."""
         value = self._advance()
         if value is not _MISSING:
             self._steps_taken += 1
         spec = self.element_spec
-        return Optional.empty(spec) if value is _MISSING else Optional.from_value(value, spec)
+        return (
+            OptionalValue.empty(spec)
+            if value is _MISSING
+            else OptionalValue.from_value(value, spec)
+        )
 
     @property
     def element_spec(self) -> Any:
@@ -847,7 +824,6 @@ class DistributedIterator:
             return values[0]
         if bare:
             return self._per_replica(values)  # what regroup gives for bare arrays, without its walk
-        from hpcdist.distribute.values import regroup
 
         return regroup(values, always_wrap=True)
 
@@ -870,7 +846,6 @@ class DistributedIterator:
 def _distributed_spec(spec: Any, num_replicas: int) -> Any:
     if spec is None or num_replicas == 1:
         return spec
-    from hpcdist.distribute.values import PerReplica
 
     return nest.map_structure(lambda s: PerReplica((s,) * num_replicas), spec)
 
@@ -1091,6 +1066,7 @@ __all__ = [
     "DistributedInputError",
     "DistributedIterator",
     "Optional",
+    "OptionalValue",
     "distribute_dataset",
     "distribute_datasets_from_function",
     "worker_batches",

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import hpcdist.data.dataset as _ds
-from hpcdist.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset
+from hpcdist.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset, register_node
 from hpcdist.data.options import Options
 from hpcdist.data.source_nodes import _IndexedSource
 from hpcdist.data.structure import _check_int
@@ -28,6 +28,7 @@ from hpcdist.data.structure import _check_int
 log = logging.getLogger("hpcdist.data")
 
 
+@register_node
 class RepeatDataset(Dataset):
     """``repeat``: the input ``count`` times (``None``/-1: forever; stops if an epoch is empty).
 
@@ -39,6 +40,7 @@ class RepeatDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
 
     def __init__(self, input: Dataset, count: int | None = None) -> None:
         super().__init__(input)
@@ -87,6 +89,7 @@ class RepeatDataset(Dataset):
         return f"count={self.count}"
 
 
+@register_node
 class TakeDataset(Dataset):
     """``take``: the first ``count`` elements (-1: all).
 
@@ -96,6 +99,7 @@ class TakeDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
 
     def __init__(self, input: Dataset, count: int) -> None:
         super().__init__(input)
@@ -142,6 +146,7 @@ class TakeDataset(Dataset):
         return f"count={self.count}"
 
 
+@register_node
 class SkipDataset(Dataset):
     """``skip``: all but the first ``count`` elements (-1: none).
 
@@ -151,6 +156,7 @@ class SkipDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
 
     def __init__(self, input: Dataset, count: int) -> None:
         super().__init__(input)
@@ -190,6 +196,7 @@ class SkipDataset(Dataset):
         return f"count={self.count}"
 
 
+@register_node
 class ShardDataset(Dataset):
     """``shard``: the elements ``i`` with ``i % num_shards == index``.
 
@@ -200,6 +207,7 @@ class ShardDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
 
     def __init__(self, input: Dataset, num_shards: int, index: int) -> None:
         super().__init__(input)
@@ -243,6 +251,7 @@ class ShardDataset(Dataset):
         return f"num_shards={self.num_shards}, index={self.index}"
 
 
+@register_node
 class PrefetchDataset(Dataset):
     """``prefetch``: a background thread keeps up to ``buffer_size`` elements ready.
 
@@ -256,6 +265,7 @@ class PrefetchDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # has a thread of its own already
 
     def __init__(self, input: Dataset, buffer_size: int) -> None:
         super().__init__(input)
@@ -331,6 +341,7 @@ def _prefetched(source: Dataset, size: int) -> Iterator[Any]:
             )
 
 
+@register_node
 class _OptionsDataset(Dataset):
     """``with_options``: a pass-through node that carries ``Options``.
 
@@ -340,6 +351,7 @@ class _OptionsDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # only passes its input's elements on; the input reports for itself
 
     def __init__(self, input: Dataset, options: Options) -> None:
         super().__init__(input)

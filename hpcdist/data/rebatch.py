@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.data.input_context import check_count
+from hpcdist.data.transform_nodes import BatchDataset
 from hpcdist.distribute import nest
+from hpcdist.distribute.input_context import check_count
 
 #: The most replicas (``num_workers * num_replicas_per_worker``) a global batch is split over.
 MAX_REPLICAS = 10_000_000
@@ -93,7 +94,6 @@ def find_global_batch_size(dataset: Any) -> int:
 
     Example: ``find_global_batch_size(Dataset.range(8).batch(4).map(f))`` is ``4``.
     """
-    from hpcdist.data.dataset import BatchDataset
 
     node, names = dataset, []
     while node is not None:

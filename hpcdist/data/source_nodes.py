@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, is_cupy
-from hpcdist.data.dataset import Dataset
+from hpcdist.data.dataset import Dataset, register_node
 from hpcdist.data.shuffle import _epoch_rng, _EpochCounter, _index_array
 from hpcdist.data.sources import to_path
 from hpcdist.data.structure import (
@@ -36,6 +36,7 @@ from hpcdist.data.structure import (
 from hpcdist.utils.seeding import get_random_seed, next_seed
 
 
+@register_node
 class _IndexedSource(Dataset):
     """A source whose rows can be addressed by index (the fast paths gather from it)."""
 
@@ -58,6 +59,7 @@ class _IndexedSource(Dataset):
         return self._num_rows()
 
 
+@register_node
 class TensorSliceDataset(_IndexedSource):
     """The source of ``Dataset.from_tensor_slices``: row ``i`` of every array is element ``i``.
 
@@ -66,6 +68,8 @@ class TensorSliceDataset(_IndexedSource):
         >>> ds.cardinality(), ds.element_spec["a"].shape
         (3, (2,))
     """
+
+    releases_gil = False  # elements come from memory
 
     def __init__(self, tensors: Any) -> None:
         super().__init__(None)
@@ -108,6 +112,7 @@ class TensorSliceDataset(_IndexedSource):
         return f"rows={self._n}"
 
 
+@register_node
 class TensorDataset(Dataset):
     """The source of ``Dataset.from_tensors``: one element.
 
@@ -115,6 +120,8 @@ class TensorDataset(Dataset):
         >>> [x.shape for x in TensorDataset(np.zeros((2, 3)))]
         [(2, 3)]
     """
+
+    releases_gil = False  # elements come from memory
 
     def __init__(self, tensors: Any) -> None:
         super().__init__(None)
@@ -130,6 +137,7 @@ class TensorDataset(Dataset):
         return _spec_of(self._value)
 
 
+@register_node
 class RangeDataset(_IndexedSource):
     """The source of ``Dataset.range``: NumPy int64 scalars (or ``output_type``).
 
@@ -137,6 +145,8 @@ class RangeDataset(_IndexedSource):
         >>> RangeDataset(2, 9, 3).cardinality()
         3
     """
+
+    releases_gil = False  # elements come from memory
 
     def __init__(self, *args: int, output_type: DTypeLike = np.int64) -> None:
         super().__init__(None)
@@ -210,6 +220,7 @@ def _check_range_fits(r: range, dtype: np.dtype) -> None:
         )
 
 
+@register_node
 class GeneratorDataset(Dataset):
     """The source of ``Dataset.from_generator``: ``generator(*args)`` is called per iteration.
 
@@ -371,6 +382,7 @@ def _pack_as(signature: Any, element: Any) -> Any:
     return element
 
 
+@register_node
 class FileListDataset(Dataset):
     """File names (str): the source of ``list_files`` and ``from_files``.
 
@@ -383,6 +395,8 @@ class FileListDataset(Dataset):
         >>> FileListDataset(("b.npy", "a.npy")).files
         ('b.npy', 'a.npy')
     """
+
+    releases_gil = False  # file names only; the readers are FileReaderDataset
 
     def __init__(
         self, files: Sequence[str], shuffle: bool = False, seed: int | None = None

@@ -234,7 +234,7 @@ def import_h5py() -> Any:
     Example: ``h5py = import_h5py()``.
     """
     try:
-        import h5py
+        import h5py  # lazy: optional HDF5 dependency
     except ImportError:
         raise ImportError(
             "read_hdf5 needs h5py, which is not installed; install it with "

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 import hpcdist.data.dataset as _ds
-from hpcdist.data.dataset import AUTOTUNE, UNKNOWN, Dataset
+from hpcdist.data.dataset import AUTOTUNE, UNKNOWN, Dataset, register_node
 from hpcdist.data.shuffle import (
     _epoch_rng,
     _EpochCounter,
@@ -58,6 +58,7 @@ MAX_MAP_THREADS = 256
 # ------------------------------------------------------------------------------- transformations
 
 
+@register_node
 class BatchDataset(Dataset):
     """``batch``: ``batch_size`` consecutive elements stacked per component.
 
@@ -68,6 +69,7 @@ class BatchDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # works on elements in memory, in the caller's thread
 
     def __init__(self, input: Dataset, batch_size: int, drop_remainder: bool = False) -> None:
         super().__init__(input)
@@ -133,6 +135,7 @@ def _concat_rows(pieces: list[Any]) -> Any:
     return _map_structure(lambda _: next(joined), pieces[0])
 
 
+@register_node
 class UnbatchDataset(Dataset):
     """``unbatch``: every row of every element becomes an element.
 
@@ -142,6 +145,7 @@ class UnbatchDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # works on elements in memory, in the caller's thread
 
     def _iter(self) -> Generator[Any, None, None]:
         with closing(self._input._iter()) as it:
@@ -159,6 +163,7 @@ class UnbatchDataset(Dataset):
         return _map_structure(drop_first, self._input.element_spec)
 
 
+@register_node
 class ShuffleDataset(Dataset):
     """``shuffle``: TF's buffer shuffle (the exact order is in the module docstring).
 
@@ -174,6 +179,7 @@ class ShuffleDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # works on elements in memory, in the caller's thread
 
     def __init__(
         self,
@@ -268,6 +274,7 @@ def _unstack(batch: Any) -> Iterator[Any]:
         yield _map_structure(functools.partial(_copy_row, i=i), batch)
 
 
+@register_node
 class MapDataset(Dataset):
     """``map``: ``map_func`` applied to every element, in order (optionally in threads).
 
@@ -306,6 +313,10 @@ class MapDataset(Dataset):
         if self.num_parallel_calls == AUTOTUNE:
             return min(os.cpu_count() or 1, MAX_MAP_THREADS)
         return min(int(self.num_parallel_calls or 1), MAX_MAP_THREADS)
+
+    def _waits_outside_gil(self) -> bool:
+        """A thread pool (``num_parallel_calls`` > 1) waits on its threads; one thread does not."""
+        return self._threads() > 1
 
     def _iter(self) -> Generator[Any, None, None]:
         fn, threads = self.map_func, self._threads()
@@ -360,6 +371,7 @@ def _parallel_map(it: Iterator[Any], fn: Callable[..., Any], threads: int) -> It
         pool.shutdown(wait=True)
 
 
+@register_node
 class FilterDataset(Dataset):
     """``filter``: the elements for which ``predicate`` is true (a scalar bool).
 
@@ -369,6 +381,7 @@ class FilterDataset(Dataset):
     """
 
     _input: Dataset  # a transformation always has an input
+    releases_gil = False  # works on elements in memory, in the caller's thread
 
     def __init__(self, input: Dataset, predicate: Callable[..., Any]) -> None:
         super().__init__(input)
@@ -395,6 +408,7 @@ class FilterDataset(Dataset):
         return UNKNOWN
 
 
+@register_node
 class FileReaderDataset(Dataset):
     """Reads every file named by its input with ``reader`` and yields the files' rows.
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpcdist.arrays import array_module, to_device
+from hpcdist.distribute import variables as vs
 from hpcdist.distribute.aggregating import AggregatingVariable
 from hpcdist.distribute.cross_device_ops import ReductionToOneDevice
 from hpcdist.distribute.devices import Device, canonical_devices, check_devices_exist
@@ -99,7 +100,6 @@ class CentralStorageExtended(StrategyExtended):
 
     def _create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
         """An ``AggregatingVariable`` on the parameter device (sync-on-read: one per replica)."""
-        from hpcdist.distribute import variables as vs
 
         value = vs.initial_array(initial_value, dtype, shape)
         if spec["synchronization"] is vs.VariableSynchronization.ON_READ:
@@ -110,8 +110,6 @@ class CentralStorageExtended(StrategyExtended):
         )
 
     def _create_sync_on_read(self, value: Any, spec: dict) -> Any:
-        from hpcdist.distribute import variables as vs
-
         xp = array_module(value)
         if spec["aggregation"] is vs.VariableAggregation.MEAN and not xp.issubdtype(
             value.dtype, xp.floating

@@ -18,8 +18,11 @@ Example:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from hpcdist.errors import NotRegisteredError
 
 if TYPE_CHECKING:
     from hpcdist.distribute.replica_context import ReplicaContext
@@ -39,6 +42,17 @@ _local = threading.local()
 _global_lock = threading.Lock()
 _global_mode: list[Mode] = []  # at most one: the experimental_set_strategy mode
 _default: list[Any] = []  # the default strategy, created on first use
+# The class of the default strategy: hpcdist.distribute.default registers it when imported
+# (it builds on Strategy, which needs this module, so this module cannot import it).
+_default_class: list[Callable[[], Strategy]] = []
+
+
+def register_default_strategy(factory: Callable[[], Strategy]) -> None:
+    """Set what :func:`default_strategy` creates (``DefaultStrategy``, registered on import).
+
+    Example: ``register_default_strategy(DefaultStrategy)``.
+    """
+    _default_class[:] = [factory]
 
 
 def default_strategy() -> Strategy:
@@ -46,9 +60,12 @@ def default_strategy() -> Strategy:
     if not _default:
         with _global_lock:
             if not _default:
-                from hpcdist.distribute.default import DefaultStrategy
-
-                _default.append(DefaultStrategy())
+                if not _default_class:
+                    raise NotRegisteredError(
+                        "no default strategy is registered; expected hpcdist.distribute to be "
+                        "imported (`import hpcdist` imports it)"
+                    )
+                _default.append(_default_class[0]())
     return _default[0]
 
 

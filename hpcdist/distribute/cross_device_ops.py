@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.arrays import asarray, to_device
-from hpcdist.collectives.nccl import NCCL_DTYPE_NAMES
+from hpcdist.collectives.nccl import NCCL_DTYPE_NAMES, LocalNcclGroup, nccl_available
 from hpcdist.collectives.ops import ReduceOp, reduce_arrays
 from hpcdist.distribute.devices import Device, parse_device
 from hpcdist.distribute.values import DistributedValues, Mirrored, local_results
@@ -251,10 +251,6 @@ class NcclAllReduce(_PackedAllReduce):
         if not same or np.dtype(first.dtype) not in NCCL_DTYPE_NAMES:
             return None
         if len(set(gpus)) != k or set(gpus) != {d.index for d in dests}:
-            return None
-        try:
-            from hpcdist.collectives.nccl import LocalNcclGroup, nccl_available
-        except ImportError:
             return None
         if not nccl_available()[0]:
             return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hpcdist.distribute import context
 from hpcdist.distribute.devices import parse_device
 from hpcdist.distribute.extended import StrategyExtended
 from hpcdist.distribute.strategy import Strategy
@@ -44,3 +45,6 @@ class DefaultStrategy(Strategy):
 
     def __repr__(self) -> str:
         return "<DefaultStrategy>"
+
+
+context.register_default_strategy(DefaultStrategy)

@@ -204,7 +204,7 @@ def visible_gpu_count() -> int:
     if parse_visible_devices(os.environ.get(CUDA_VISIBLE_DEVICES)) == []:
         return 0
     try:
-        import cupy
+        import cupy  # lazy: optional GPU dependency (CuPy)
 
         return max(0, int(cupy.cuda.runtime.getDeviceCount()))
     except Exception:  # noqa: BLE001 - no CuPy, no driver or no device all mean no GPU

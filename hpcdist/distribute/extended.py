@@ -28,6 +28,7 @@ import numpy as np
 from hpcdist.arrays import array_module, as_result, asarray, is_array, to_device
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.distribute import context, nest, streams
+from hpcdist.distribute import variables as vs
 from hpcdist.distribute.cross_device_ops import (
     CrossDeviceOps,
     default_cross_device_ops,
@@ -46,6 +47,7 @@ from hpcdist.distribute.values import (
     regroup,
     select_replica,
 )
+from hpcdist.distribute.variables import DistributedVariable, SyncOnReadVariable, Variable
 from hpcdist.runtime.device import is_device_array
 
 if TYPE_CHECKING:
@@ -225,7 +227,6 @@ class StrategyExtended:
     # -- reductions ---------------------------------------------------------------------
     def _components(self, value: Any, op: ReduceOp) -> list[Any] | Any:
         """The local values to reduce, or the finished result when no reduction is needed."""
-        from hpcdist.distribute.variables import DistributedVariable, SyncOnReadVariable, Variable
 
         k = self._num_local_replicas
         if isinstance(value, SyncOnReadVariable):
@@ -421,8 +422,6 @@ class StrategyExtended:
 
     # -- gathering ----------------------------------------------------------------------------
     def _gather_components(self, value: Any) -> list[Any]:
-        from hpcdist.distribute.variables import DistributedVariable, Variable
-
         if isinstance(value, (DistributedValues, DistributedVariable)):
             comps = list(value.values)
         else:
@@ -507,7 +506,6 @@ class StrategyExtended:
 
         Example: ``extended.update(v, lambda var, x: var.assign_add(x), args=(1.0,))``.
         """
-        from hpcdist.distribute.variables import DistributedVariable
 
         kwargs = kwargs or {}
         ctx = context.get_replica_context()
@@ -548,7 +546,6 @@ class StrategyExtended:
 
         Example: ``with strategy.extended.colocate_vars_with(v): slot = hd.Variable(0.0)``.
         """
-        from hpcdist.distribute.variables import Variable
 
         if not isinstance(colocate_with_variable, Variable):
             raise TypeError(
@@ -577,7 +574,6 @@ class StrategyExtended:
 
     def _create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
         """The variable this strategy makes for ``hd.Variable(...)`` in its scope."""
-        from hpcdist.distribute import variables as vs
 
         value = vs.initial_array(initial_value, dtype, shape)
         if not self._distributed_variables:
@@ -606,7 +602,6 @@ class StrategyExtended:
 
     def _replica_components(self, value: Any, spec: dict) -> tuple[Any, ...]:
         """One plain variable per local device holding a copy of ``value`` (``name/replica_i``)."""
-        from hpcdist.distribute import variables as vs
 
         return tuple(
             vs.Variable._make(

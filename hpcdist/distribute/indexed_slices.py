@@ -124,7 +124,7 @@ class IndexedSlices:
         xp = array_module(self._values)
         out = xp.zeros(self._dense_shape, dtype=self._values.dtype)
         if is_cupy(out):
-            import cupyx
+            import cupyx  # lazy: optional GPU dependency (CuPy)
 
             cupyx.scatter_add(out, xp.asarray(idx), self._values)
         else:
@@ -143,7 +143,7 @@ class IndexedSlices:
         inverse = inverse.ravel()
         out = xp.zeros((unique.shape[0],) + tuple(self._values.shape[1:]), self._values.dtype)
         if is_cupy(out):
-            import cupyx
+            import cupyx  # lazy: optional GPU dependency (CuPy)
 
             cupyx.scatter_add(out, inverse, self._values)
         else:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpcdist.cluster.base import ClusterResolver
+from hpcdist.cluster.detect import resolve
 from hpcdist.cluster.gpus import parse_visible_devices
 from hpcdist.cluster.roles import id_in_cluster, worker_count
 from hpcdist.collectives import CommunicationImplementation, CommunicationOptions
@@ -32,7 +33,7 @@ from hpcdist.distribute.devices import Device, canonical_devices, check_devices_
 from hpcdist.distribute.extended import StrategyExtended
 from hpcdist.distribute.strategy import Strategy
 from hpcdist.errors import ClusterConfigError, LaunchError
-from hpcdist.runtime import mpi
+from hpcdist.runtime import mpi, world
 from hpcdist.runtime.checks import shared_gpu_advice, shared_gpu_problems
 
 
@@ -92,7 +93,7 @@ def _process_ordinals(binding: Any, environ: Any = None) -> tuple[int, ...]:
 def _pci_bus_id(index: int) -> str | None:
     """The PCI bus id of CUDA device ``index`` (``None`` without CuPy or that device)."""
     try:
-        import cupy
+        import cupy  # lazy: optional GPU dependency (CuPy)
 
         return str(cupy.cuda.Device(index).pci_bus_id)
     except Exception:  # no CuPy, no driver, no such device: fall back to the visible list
@@ -185,9 +186,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         communication: CommunicationImplementation | str | None = None,
         devices: Sequence[str | Device] | None = None,
     ) -> None:
-        from hpcdist.cluster.detect import resolve
-        from hpcdist.runtime import world
-
         options = _options(communication_options, communication)
         w = world()
         resolver = resolve() if cluster_resolver is None else cluster_resolver

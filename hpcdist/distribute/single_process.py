@@ -15,21 +15,19 @@ import os
 from collections.abc import Mapping
 
 from hpcdist.cluster.envparse import env_flag
+from hpcdist.cluster.launchers import detect_launcher
 from hpcdist.errors import LaunchError
+from hpcdist.runtime.mpi import is_initialized, mpi
 
 INDEPENDENT_VAR = "HPCDIST_INDEPENDENT_WORKERS"
 
 
 def launched_ranks(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
     """``(rank, size)`` of this process's MPI job, without starting MPI if it is not running."""
-    from hpcdist.runtime.mpi import is_initialized
 
     if is_initialized():
-        from hpcdist.runtime.mpi import mpi
-
         comm = mpi().COMM_WORLD
         return comm.Get_rank(), comm.Get_size()
-    from hpcdist.cluster.launchers import detect_launcher
 
     info = detect_launcher(os.environ if environ is None else environ)
     return (0, 1) if info is None else (info.rank, info.size)

@@ -23,8 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from hpcdist.arrays import array_module, as_result, asarray
 from hpcdist.collectives.ops import ReduceOp
-from hpcdist.distribute import context
-from hpcdist.distribute.values import PerReplica, import_values, local_results
+from hpcdist.distribute import context, nest
+from hpcdist.distribute.input_pipeline import input_pipeline
+from hpcdist.distribute.values import (
+    PerReplica,
+    import_values,
+    is_distributed,
+    local_results,
+    select_replica,
+)
 
 if TYPE_CHECKING:
     from hpcdist.cluster.base import ClusterResolver
@@ -164,8 +171,8 @@ class Strategy:
     def experimental_run_v2(
         self,
         fn: Callable[..., Any],
-        args: tuple | list = (),
-        kwargs: dict | None = None,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
         options: Any = None,
     ) -> Any:
         """The old name of :meth:`run`."""
@@ -232,8 +239,6 @@ class Strategy:
 
         Example: ``strategy.experimental_local_results(strategy.run(fn))``.
         """
-        from hpcdist.distribute import nest
-        from hpcdist.distribute.values import select_replica
 
         if nest.is_nested(value):
             k = self._extended._num_local_replicas
@@ -259,9 +264,7 @@ class Strategy:
 
         Example: ``for x in strategy.experimental_distribute_dataset(ds.batch(64)): ...``.
         """
-        from hpcdist.data.distributed import distribute_dataset
-
-        return distribute_dataset(dataset, options=options, **self._input_args())
+        return input_pipeline().distribute_dataset(dataset, options, **self._input_args())
 
     def distribute_datasets_from_function(
         self, dataset_fn: Callable[[Any], Any], options: Any = None
@@ -271,9 +274,9 @@ class Strategy:
         Example: ``strategy.distribute_datasets_from_function(lambda ctx:
         make(ctx).batch(ctx.get_per_replica_batch_size(64)))``.
         """
-        from hpcdist.data.distributed import distribute_datasets_from_function
-
-        return distribute_datasets_from_function(dataset_fn, options=options, **self._input_args())
+        return input_pipeline().distribute_datasets_from_function(
+            dataset_fn, options, **self._input_args()
+        )
 
     experimental_distribute_datasets_from_function = distribute_datasets_from_function
 
@@ -282,9 +285,7 @@ class Strategy:
 
         Example: ``strategy.experimental_make_numpy_dataset((x, y)).batch(32)``.
         """
-        from hpcdist.data.dataset import Dataset
-
-        return Dataset.from_tensor_slices(numpy_input)
+        return input_pipeline().make_numpy_dataset(numpy_input)
 
     def experimental_distribute_values_from_function(
         self, value_fn: Callable[[ValueContext], Any]
@@ -315,8 +316,6 @@ class ValueContext:
 
 
 def _is_distributed_input(value: Any) -> bool:
-    from hpcdist.distribute.values import is_distributed
-
     return is_distributed(value)
 
 

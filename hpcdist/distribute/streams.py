@@ -49,6 +49,10 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.arrays import is_array, to_device
+from hpcdist.distribute import nest
+from hpcdist.runtime.device import CupyRuntime
+
 _ALIGN = 256  # bytes: where each leaf of a batch starts in a pinned staging buffer
 _PINNED_SLOTS = 3  # staging buffers per replica: copies in flight before the producer waits
 
@@ -58,7 +62,7 @@ def cupy_module() -> Any:
 
     Example: ``cp = cupy_module(); cp.cuda.Stream(non_blocking=True)``.
     """
-    import cupy
+    import cupy  # lazy: optional GPU dependency (CuPy)
 
     return cupy
 
@@ -206,7 +210,6 @@ class ReplicaStreams:
 
 def _default_runtime() -> Any:
     """The device runtime the prefetch copies use (CuPy's; tests replace this function)."""
-    from hpcdist.runtime.device import CupyRuntime
 
     return CupyRuntime()
 
@@ -300,8 +303,6 @@ class PrefetchCopier:
 
         Example: ``x_gpu = copier.copy(np.ones(4, np.float32), replica=0, gpu=0)``.
         """
-        from hpcdist.arrays import is_array, to_device
-        from hpcdist.distribute import nest
 
         leaves = nest.flatten(value)
         host = []

@@ -24,6 +24,19 @@ from hpcdist.arrays import export_like, import_array, is_foreign
 from hpcdist.distribute import nest
 
 
+class DistributedVariableBase:
+    """The base of :class:`hpcdist.distribute.variables.DistributedVariable`.
+
+    Distributed variables build on this module, so it recognises them by this
+    base instead of importing them.
+    """
+
+    @property
+    def values(self) -> tuple[Any, ...]:
+        """Each local replica's copy."""
+        raise NotImplementedError(f"{type(self).__name__} does not define values")
+
+
 class DistributedValues:
     """Base class of values that have one component per local replica."""
 
@@ -82,9 +95,7 @@ class Mirrored(DistributedValues):
 
 def is_distributed(x: Any) -> bool:
     """Whether ``x`` is a distributed value or a distributed variable."""
-    from hpcdist.distribute.variables import DistributedVariable
-
-    return isinstance(x, (DistributedValues, DistributedVariable))
+    return isinstance(x, (DistributedValues, DistributedVariableBase))
 
 
 def select_replica(local_id: int, structure: Any) -> Any:
@@ -154,11 +165,9 @@ def regroup(
 
 def local_results(value: Any) -> tuple[Any, ...]:
     """The local components of a distributed value or variable, else ``(value,)``."""
-    from hpcdist.distribute.variables import DistributedVariable
-
     if isinstance(value, DistributedValues):
         return value.values
-    if isinstance(value, DistributedVariable):
+    if isinstance(value, DistributedVariableBase):
         return value.values
     return (value,)
 

@@ -36,7 +36,7 @@ from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute import context
 from hpcdist.distribute.devices import Device
 from hpcdist.distribute.strategy import mixing_error
-from hpcdist.distribute.values import local_results
+from hpcdist.distribute.values import DistributedVariableBase, local_results, select_mirrored
 
 
 class VariableSynchronization(enum.Enum):
@@ -323,7 +323,7 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):  # type: ignore[
         return self._write("sub", delta, read_value)
 
 
-class DistributedVariable(Variable):
+class DistributedVariable(Variable, DistributedVariableBase):
     """A variable with one component per local replica (base of Mirrored and SyncOnRead)."""
 
     def __init__(
@@ -408,7 +408,6 @@ class DistributedVariable(Variable):
 
     def _update_each(self, op: str, value: Any) -> DistributedVariable:
         """Apply ``op`` with a value that is the same for every replica to every component."""
-        from hpcdist.distribute.values import select_mirrored
 
         for i, c in enumerate(self._components):
             c._set(op, select_mirrored(i, value))

@@ -21,6 +21,7 @@ Example (needs a GPU or the simulator)::
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -302,7 +303,6 @@ def _resolve(stream: Any) -> Any:
     """
     if not (isinstance(stream, int) and stream == 0) or config.ENABLE_CUDASIM:
         return stream
-    import sys
 
     cupy = sys.modules.get("cupy")  # CuPy arrays imply it is imported
     if cupy is None:

@@ -15,13 +15,14 @@ Example:
 
 from hpcdist.distribute.sharded_variable import embedding_lookup
 from hpcdist.nn import activations, backend, initializers, losses, metrics, regularizers
+from hpcdist.nn import confusion_metrics as confusion_metrics  # registers Precision, Recall, AUC
 from hpcdist.nn.autodiff import value_and_grad
 from hpcdist.nn.embedding import Embedding
 from hpcdist.nn.layers import Activation, Dense, Dropout, Flatten, Input, InputLayer, Layer
+from hpcdist.nn.loading import load_model
 from hpcdist.nn.losses import compute_average_loss, scale_regularization_loss
 from hpcdist.nn.model import Model
 from hpcdist.nn.normalization import BatchNormalization, LayerNormalization
-from hpcdist.nn.saving import load_model
 from hpcdist.nn.sequential import Sequential
 
 __all__ = [

@@ -80,7 +80,7 @@ def _sigmoid(x: Any) -> Any:
 @functools.lru_cache(maxsize=1)
 def _scipy_erf() -> Callable[[Any], Any] | None:
     try:
-        from scipy.special import erf
+        from scipy.special import erf  # lazy: optional dependency (SciPy)
     except ImportError:
         return None
     return erf
@@ -119,7 +119,7 @@ def erf(x: Any) -> Any:
     xp = array_module(x)
     dtype = x.dtype if np.issubdtype(x.dtype, np.floating) else np.dtype(np.float64)
     if xp is not np:
-        from cupyx.scipy.special import erf as cupy_erf
+        from cupyx.scipy.special import erf as cupy_erf  # lazy: optional GPU dependency (CuPy)
 
         return cupy_erf(x.astype(dtype, copy=False))
     scipy_erf = _scipy_erf()

@@ -31,7 +31,7 @@ from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, to_host
 from hpcdist.nn import backend
-from hpcdist.nn.metrics import Metric, _add, _plain, _same_rank
+from hpcdist.nn.metrics import Metric, _add, _plain, _same_rank, register_metric_class
 
 __all__ = ["AUC", "Precision", "Recall"]
 
@@ -153,6 +153,7 @@ class _ThresholdMetric(Metric):
                 "class_id": self.class_id}  # fmt: skip
 
 
+@register_metric_class
 class Precision(_ThresholdMetric):
     """``tp / (tp + fp)``: the fraction of positive predictions that are right
     (``keras.metrics.Precision``). ``thresholds`` (default 0.5; a list gives one value per
@@ -170,6 +171,7 @@ class Precision(_ThresholdMetric):
         super().__init__(thresholds, top_k, class_id, name, dtype)
 
 
+@register_metric_class
 class Recall(_ThresholdMetric):
     """``tp / (tp + fn)``: the fraction of true labels predicted positive
     (``keras.metrics.Recall``); arguments as :class:`Precision`.
@@ -185,6 +187,7 @@ class Recall(_ThresholdMetric):
         super().__init__(thresholds, top_k, class_id, name, dtype)
 
 
+@register_metric_class
 class AUC(Metric):
     """The area under the ROC or precision-recall curve (``keras.metrics.AUC``).
 

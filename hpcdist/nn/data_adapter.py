@@ -21,6 +21,7 @@ import numpy as np
 
 from hpcdist.arrays import to_host
 from hpcdist.data.dataset import Dataset
+from hpcdist.data.distributed import DistributedDataset
 from hpcdist.data.options import AutoShardPolicy, Options
 
 #: Keras's default batch size when arrays are given without one.
@@ -32,7 +33,6 @@ def is_dataset(x: Any) -> bool:
 
     Example: ``is_dataset(Dataset.range(3))`` is ``True``; ``is_dataset(np.zeros(3))`` is ``False``.
     """
-    from hpcdist.data.distributed import DistributedDataset
 
     return isinstance(x, (Dataset, DistributedDataset))
 

@@ -122,7 +122,7 @@ class Embedding(Layer):
             if xp is np:
                 np.add.at(g, rows, flat_dy)
             else:
-                import cupyx
+                import cupyx  # lazy: optional GPU dependency (CuPy)
 
                 cupyx.scatter_add(g, rows, flat_dy)
             grads.append(g)

@@ -46,12 +46,11 @@ import numpy as np
 
 from hpcdist.arrays import array_module, asarray
 from hpcdist.distribute import context
+from hpcdist.nn import backend
 from hpcdist.nn.tape import Traced, from_last_axis
 
 
 def _epsilon() -> float:
-    from hpcdist.nn import backend
-
     return backend.epsilon()
 
 
@@ -139,8 +138,6 @@ def _pred(y_pred: Any) -> tuple[Any, Any]:
     p = y_pred.value if isinstance(y_pred, Traced) else asarray(y_pred)
     xp = array_module(p)
     if not xp.issubdtype(p.dtype, xp.floating):
-        from hpcdist.nn import backend
-
         p = p.astype(backend.floatx())
     if p.ndim == 0:
         raise ValueError("y_pred must have rank >= 1 (a batch of predictions), got a scalar")

@@ -475,13 +475,23 @@ _CLASSES: dict[str, type[Metric]] = {
 }
 
 
-def _classes() -> dict[str, type[Metric]]:
-    """Every metric class by name, those of :mod:`hpcdist.nn.confusion_metrics` too."""
-    from hpcdist.nn import confusion_metrics
+# Metric classes defined in modules that build on this one (hpcdist.nn.confusion_metrics:
+# Precision, Recall, AUC), registered by them when imported (hpcdist.nn imports them).
+_REGISTERED: dict[str, type[Metric]] = {}
 
-    extra = {c.__name__: c for c in (confusion_metrics.Precision, confusion_metrics.Recall,
-                                     confusion_metrics.AUC)}  # fmt: skip
-    return {**_CLASSES, **extra}
+
+def register_metric_class(cls: type[Metric]) -> type[Metric]:
+    """Make ``cls`` known to :func:`get` and as ``metrics.<name>`` (a class decorator).
+
+    Example: ``@register_metric_class`` above ``class Precision(Metric): ...``.
+    """
+    _REGISTERED[cls.__name__] = cls
+    return cls
+
+
+def _classes() -> dict[str, type[Metric]]:
+    """Every metric class by name, the registered ones (confusion metrics) too."""
+    return {**_CLASSES, **_REGISTERED}
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "binary_accuracy": binary_accuracy,
     "categorical_accuracy": categorical_accuracy,
@@ -611,9 +621,7 @@ def results(metrics: Sequence[Metric]) -> list[float]:
 
 def __getattr__(name: str) -> Any:
     """``metrics.Precision``, ``metrics.Recall``, ``metrics.AUC`` (defined in
-    :mod:`hpcdist.nn.confusion_metrics`, which imports this module)."""
-    if name in ("Precision", "Recall", "AUC"):
-        from hpcdist.nn import confusion_metrics
-
-        return getattr(confusion_metrics, name)
+    :mod:`hpcdist.nn.confusion_metrics`, which imports this module and registers them)."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,6 +39,7 @@ from hpcdist.arrays import array_module, asarray, to_host
 from hpcdist.distribute import context
 from hpcdist.distribute.variables import DistributedVariable, Variable
 from hpcdist.nn.layers import InputLayer, Layer, check_build_context, snake_case
+from hpcdist.nn.saving import save_model
 from hpcdist.runtime.atomic import atomic_write
 
 _FORMAT = "hpcdist.nn.Model.weights/1"
@@ -470,7 +471,6 @@ class Model:
 
         Example: ``model.save("runs/model.keras")``.
         """
-        from hpcdist.nn.saving import save_model
 
         save_model(self, filepath, overwrite=overwrite)
 

@@ -26,8 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hpcdist import optimizers
 from hpcdist.arrays import array_module, to_host
+from hpcdist.callbacks import CallbackList
 from hpcdist.callbacks.backup import FitState, find_backup
+from hpcdist.data.distributed import DistributedDataset
 from hpcdist.distribute import context
 from hpcdist.nn import data_adapter, losses
 from hpcdist.nn import metrics as metrics_mod
@@ -88,7 +91,6 @@ class Trainer:
             raise TypeError(f"compile() got an unsupported argument {key}={value!r}")
         if loss is None:
             raise ValueError("compile needs a loss, e.g. loss='sparse_categorical_crossentropy'")
-        from hpcdist import optimizers
 
         with self._strategy_scope():
             self.optimizer = optimizers.get(optimizer)
@@ -214,8 +216,6 @@ class Trainer:
             m.reset_state()
 
     def _distributed(self, dataset: Any) -> Any:
-        from hpcdist.data.distributed import DistributedDataset
-
         if isinstance(dataset, DistributedDataset):
             return dataset
         return self.distribute_strategy.experimental_distribute_dataset(dataset)
@@ -248,8 +248,6 @@ class Trainer:
         return int(to_host(ext._broadcast_initial_value(seed))[0])
 
     def _callbacks(self, callbacks: Any, verbose: int, epochs: int, steps: int | None) -> Any:
-        from hpcdist.callbacks import CallbackList
-
         return CallbackList(
             callbacks,
             model=self,

@@ -31,7 +31,7 @@ def kernels_for(x: Any) -> ModuleType:
     """
     if array_module(x) is np:
         return cpu_kernels
-    from hpcdist.kernels import optim_cuda
+    from hpcdist.kernels import optim_cuda  # lazy: optional GPU dependency (numba.cuda)
 
     return optim_cuda
 

@@ -52,6 +52,7 @@ def on_device_of(x: Any) -> Iterator[None]:
     if xp is np:
         yield
         return
+    # lazy: optional GPU dependency (numba.cuda)
     from hpcdist.kernels.optim_cuda import device_context
 
     with xp.cuda.Device(x.device.id), device_context(x.device.id):

@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpcdist.cluster.envparse import env_flag, environ_or_default
+from hpcdist.errors import RankFailedError
 
 ABORT_VAR = "HPCDIST_ABORT_ON_ERROR"
 INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -135,7 +136,6 @@ def install_abort_on_error(comm: Any) -> bool:
                     "ending the job on every rank\n"
                 )
             return INTERRUPT_EXIT_CODE
-        from hpcdist.errors import RankFailedError
 
         if first is None and not issubclass(kind, RankFailedError):
             sys.stderr.write(f"hpcdist: rank {rank}: uncaught exception{where}, aborting the job\n")

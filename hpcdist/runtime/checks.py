@@ -22,6 +22,7 @@ from hpcdist.cluster.envparse import env_flag, environ_or_default
 from hpcdist.cluster.launchers import LaunchInfo, detect_launcher
 from hpcdist.cluster.schedulers import detect_scheduler
 from hpcdist.errors import HpcdistError, LaunchError
+from hpcdist.runtime.mpi import library_version
 
 log = logging.getLogger("hpcdist")
 
@@ -41,8 +42,6 @@ def _pmi_advice(library: str) -> str:
 
 def _library() -> str:
     try:
-        from hpcdist.runtime.mpi import library_version
-
         return library_version()
     except Exception:  # the check must still explain itself when MPI is odd
         return "unknown MPI library"

@@ -160,7 +160,7 @@ class CupyRuntime(DeviceRuntime):
     name = "cupy"
 
     def __init__(self) -> None:
-        import cupy
+        import cupy  # lazy: optional GPU dependency (CuPy)
 
         self._cp = cupy
         self._streams: dict[int, Any] = {}
@@ -196,9 +196,9 @@ class CupyRuntime(DeviceRuntime):
         if len(tensors) == 1:
             self.copy(flat[: tensors[0].size], tensors[0], stream)
             return
-        from numba import cuda
+        from numba import cuda  # lazy: optional GPU dependency (numba.cuda)
 
-        from hpcdist.kernels.cuda import pack_cuda
+        from hpcdist.kernels.cuda import pack_cuda  # lazy: optional GPU dependency (numba.cuda)
 
         with self._cp.cuda.Device(flat.device.id):
             pack_cuda([t.reshape(-1) for t in tensors], flat, stream=cuda.external_stream(stream))

@@ -57,7 +57,7 @@ def register_exit_guard() -> None:
 def _world_has_failed_ranks() -> bool:
     """Whether the MPI library knows of a failed rank in the world (ULFM; else ``False``)."""
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI  # lazy: MPI start-up (importing mpi4py.MPI initialises MPI)
 
         if not MPI.Is_initialized() or MPI.Is_finalized():
             return False

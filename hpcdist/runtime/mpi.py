@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from types import ModuleType
 
 from hpcdist.cluster.envparse import env_flag, environ_or_default
+from hpcdist.cluster.mpi import set_mpi_provider
 from hpcdist.errors import ClusterConfigError
 
 THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
@@ -34,7 +35,7 @@ def mpi() -> ModuleType:
     module = sys.modules.get("mpi4py.MPI")
     if module is not None:
         return module
-    import mpi4py
+    import mpi4py  # lazy: MPI start-up (rc must be set before mpi4py.MPI)
 
     level = os.environ.get("HPCDIST_MPI_THREAD_LEVEL", "multiple").strip().lower()
     if level not in THREAD_LEVELS:
@@ -42,9 +43,14 @@ def mpi() -> ModuleType:
             f"HPCDIST_MPI_THREAD_LEVEL is {level!r}; expected one of {', '.join(THREAD_LEVELS)}"
         )
     mpi4py.rc.thread_level = level
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: MPI start-up (importing mpi4py.MPI initialises MPI)
 
     return MPI
+
+
+# The cluster layer's MPIClusterResolver starts MPI through this bootstrap (it cannot
+# import the runtime layer above it): register it.
+set_mpi_provider(mpi)
 
 
 def is_initialized() -> bool:

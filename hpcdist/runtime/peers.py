@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.errors import RankFailedError
+from hpcdist.runtime.mpi import mpi
 
 CHECK_INTERVAL_S = 0.25  # how often a waiting rank looks at its peers
 LEFT_WORD = 7  # the word of a rank's 64-byte flag line that marks it as gone (0 or 1)
@@ -105,7 +106,6 @@ class PeerWatch:
 
         Example: ``PeerWatch.over(node_comm, window.flags, 8)``.
         """
-        from hpcdist.runtime.mpi import mpi
 
         world_rank = mpi().COMM_WORLD.Get_rank()
         pairs = node_comm.allgather((os.getpid(), world_rank))

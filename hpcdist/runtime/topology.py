@@ -33,6 +33,9 @@ from hpcdist.cluster.gpus import (
     visible_devices_before_binding,
 )
 from hpcdist.errors import ClusterConfigError
+from hpcdist.runtime.abort import install_abort_on_error
+from hpcdist.runtime.checks import check_launch_everywhere
+from hpcdist.runtime.failures import register_exit_guard
 from hpcdist.runtime.mpi import mpi
 
 #: The variable that splits each host into virtual nodes (see "Virtual nodes" above).
@@ -190,10 +193,6 @@ def world() -> World:
         return _WORLD
     with _WORLD_LOCK:
         if _WORLD is None:
-            from hpcdist.runtime.abort import install_abort_on_error
-            from hpcdist.runtime.checks import check_launch_everywhere
-            from hpcdist.runtime.failures import register_exit_guard
-
             comm = mpi().COMM_WORLD
             check_launch_everywhere(comm)
             if comm.Get_size() > 1:

@@ -21,7 +21,7 @@ import pytest
 import hpcdist as hd
 from hpcdist.checkpoint import Checkpoint, CheckpointManager
 from hpcdist.checkpoint import format as fmt
-from hpcdist.checkpoint import manager as manager_module
+from hpcdist.checkpoint import state_file as state_file_module
 from hpcdist.errors import CheckpointCorruptError
 from hpcdist.optimizers import SGD, Adam
 from hpcdist.runtime import world
@@ -118,7 +118,7 @@ def test_only_the_chief_writes_and_training_resumes_identically(
 
     monkeypatch.setattr(fmt, "atomic_write", counting)
     monkeypatch.setattr(fmt, "atomic_write_hashed", counting_hashed)
-    monkeypatch.setattr(manager_module, "atomic_write", counting)
+    monkeypatch.setattr(state_file_module, "atomic_write", counting)  # the state file
     path = Checkpoint(vars=variables, opt=opt).save(os.path.join(shared_dir, "run"))
     monkeypatch.undo()
     assert path == os.path.join(shared_dir, "run-1")  # the same path on every rank

@@ -367,7 +367,7 @@ class ParameterServerStrategy(Strategy):
         Example: ``strategy.distribute_datasets_from_function(lambda ctx: ds.shard(
         ctx.num_input_pipelines, ctx.input_pipeline_id).batch(32))``.
         """
-        from hpcdist.data.input_context import InputContext
+        from hpcdist.distribute.input_context import InputContext
 
         roles = self._roles
         pipelines, pipeline = len(roles.worker_ranks), roles.worker_index or 0

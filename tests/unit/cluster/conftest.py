@@ -60,11 +60,17 @@ class FakeMPI:
 
 @pytest.fixture
 def fake_mpi(monkeypatch: pytest.MonkeyPatch):
-    """Make hpcdist.runtime.mpi.mpi() return a fake MPI world; returns the setter."""
+    """Make the MPI bootstrap the cluster layer calls return a fake MPI world; returns the setter.
+
+    The cluster layer starts MPI through the provider the runtime registers
+    (``hpcdist.cluster.mpi.set_mpi_provider``), so that is what is replaced.
+    """
 
     def install(rank: int, hosts: list[str]) -> FakeMPI:
         fake = FakeMPI(rank, hosts)
-        monkeypatch.setattr(importlib.import_module("hpcdist.runtime.mpi"), "mpi", lambda: fake)
+        monkeypatch.setattr(
+            importlib.import_module("hpcdist.cluster.mpi"), "_mpi_provider", lambda: fake
+        )
         return fake
 
     return install

@@ -71,6 +71,7 @@ def test_describe_environment_never_starts_mpi(monkeypatch: pytest.MonkeyPatch) 
         raise AssertionError("describe_environment started MPI")
 
     monkeypatch.setattr(importlib.import_module("hpcdist.runtime.mpi"), "mpi", _no_mpi)
+    monkeypatch.setattr(importlib.import_module("hpcdist.cluster.mpi"), "_mpi_provider", _no_mpi)
     d = describe_environment({})
     assert d["resolver"] == "MPIClusterResolver" and d["error"] is None
     assert (d["launcher"], d["rank"], d["size"]) == (None, None, None)

@@ -20,6 +20,7 @@ from hpcdist.data.dataset import Dataset, ShardDataset, TensorSpec
 from hpcdist.data.distributed import (
     DistributedInputError,
     Optional,
+    OptionalValue,
     _sub_batch_steps,
     distribute_dataset,
     distribute_datasets_from_function,
@@ -566,6 +567,35 @@ def test_in_memory_pipelines_are_read_in_the_callers_thread(npy_files):
         assert not iter(distribute_dataset(ds, options=no_thread)).reads_ahead
 
 
+def test_nodes_declare_whether_they_wait_outside_the_gil():
+    import hpcdist.data.passthrough_nodes as passthrough
+    import hpcdist.data.source_nodes as sources
+    import hpcdist.data.transform_nodes as transforms
+
+    nodes = [
+        cls
+        for module in (passthrough, sources, transforms)
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, Dataset) and cls.__module__ == module.__name__
+    ]
+    nodes.remove(sources._IndexedSource)  # the base of TensorSliceDataset and RangeDataset
+    waiting = {c.__name__ for c in nodes if c.releases_gil}
+    assert waiting == {"FileReaderDataset", "GeneratorDataset", "MapDataset"}
+    assert len(nodes) - len(waiting) == 14  # the in-memory nodes say so themselves
+
+    class Custom(Dataset):  # a node type hpcdist does not know: assumed to wait
+        def _iter(self):
+            yield from self._input._iter()
+
+    assert Custom.releases_gil
+    assert iter(distribute_dataset(Custom(Dataset.range(4)).batch(2))).reads_ahead
+
+    class InMemory(Custom):
+        releases_gil = False
+
+    assert not iter(distribute_dataset(InMemory(Dataset.range(4)).batch(2))).reads_ahead
+
+
 def test_read_ahead_for_dataset_fn_results_and_gpu_copies():
     batches = [np.arange(2) + 2 * i for i in range(3)]
 
@@ -692,7 +722,8 @@ def test_each_iteration_is_a_new_epoch_with_reproducible_reshuffles():
 
 
 def test_optional_api():
-    assert Optional.from_value(3).get_value() == 3
+    assert Optional is OptionalValue  # the TF name stays importable
+    assert OptionalValue.from_value(3).get_value() == 3
     empty = Optional.empty(None)
     assert not empty.has_value()
     with pytest.raises(ValueError, match="has no value"):

@@ -195,8 +195,8 @@ def test_tpu_strategy_is_not_available(kwargs):
 @pytest.fixture
 def no_mpi(monkeypatch):
     """Make the check read launcher variables even if MPI started in this test process."""
-    mpi_module = importlib.import_module("hpcdist.runtime.mpi")  # hpcdist.runtime.mpi is a function
-    monkeypatch.setattr(mpi_module, "is_initialized", lambda: False)
+    check = importlib.import_module("hpcdist.distribute.single_process")  # where it is used
+    monkeypatch.setattr(check, "is_initialized", lambda: False)
     for name in (*OMPI_4, INDEPENDENT_VAR):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
