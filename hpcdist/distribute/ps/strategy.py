@@ -44,6 +44,7 @@ from hpcdist.distribute import context
 from hpcdist.distribute import variables as vs
 from hpcdist.distribute.devices import Device, canonical_devices, check_devices_exist
 from hpcdist.distribute.extended import StrategyExtended
+from hpcdist.distribute.input_context import InputContext
 from hpcdist.distribute.multi_worker import MultiWorkerMirroredStrategy
 from hpcdist.distribute.partitioners import shard_offsets, shard_sizes
 from hpcdist.distribute.ps.client import PSClient
@@ -367,8 +368,6 @@ class ParameterServerStrategy(Strategy):
         Example: ``strategy.distribute_datasets_from_function(lambda ctx: ds.shard(
         ctx.num_input_pipelines, ctx.input_pipeline_id).batch(32))``.
         """
-        from hpcdist.distribute.input_context import InputContext
-
         roles = self._roles
         pipelines, pipeline = len(roles.worker_ranks), roles.worker_index or 0
 
