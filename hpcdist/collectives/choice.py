@@ -3,8 +3,8 @@
 AUTO, on the topology of the engine's communicator:
 
 * one rank: no communication;
-* all ranks on one node: ``shm`` (the shared window is faster than MPI at
-  every size measured here, see ``benchmarks/results/allreduce.json``);
+* all ranks on one node: ``shm`` (the shared window reads each rank's data
+  once and folds it in place; measurements: ``docs/performance.md``);
 * several nodes, some with more than one rank: ``hierarchical``;
 * one rank per node: ``mpi`` (also when SHM or HIERARCHICAL is asked for).
 

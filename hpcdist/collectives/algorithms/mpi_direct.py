@@ -1,10 +1,10 @@
 """AUTO's MPI band: on one node of two ranks, sizes where the MPI library wins.
 
-On this machine's Open MPI (two ranks, one node), ``MPI_Allreduce`` of 4 to
-32 MiB (about the L3 cache) beats the shared window's reduce-scatter, which
-streams every byte through memory twice; below and above that band the
-window is as fast or faster. :data:`hpcdist.collectives.choice.MPI_BAND` holds the band,
-measured with ``hpcdist bench strategy`` (see ``docs/performance.md``);
+Where a message fits in about the L3 cache, two ranks' ``MPI_Allreduce`` can
+beat the shared window's reduce-scatter, which streams every byte through
+memory twice; below and above that band the window is as fast or faster.
+:data:`hpcdist.collectives.choice.MPI_BAND` holds the band, derived from
+``hpcdist bench strategy`` results (the figures: ``docs/performance.md``);
 ``HPCDIST_MPI_BAND=lo:hi`` (bytes; ``0:0`` turns it off) replaces it.
 
 Only calls whose reduction MPI does exactly (integers, floating SUM and MEAN
