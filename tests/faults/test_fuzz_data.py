@@ -136,7 +136,8 @@ class Model:
     def repeat(self, c: int) -> None:
         if self.count == 0:
             return
-        n = float("inf") if c < 0 else self.count * c
+        # repeat(0) of an infinite pipeline is empty (inf * 0 would be NaN)
+        n = float("inf") if c < 0 else 0 if c == 0 else self.count * c
         if c < 0 or c > LIMIT:
             self.count, self.elements, self.multiset = n, None, None
             return
@@ -237,6 +238,7 @@ def _elements(ds: Dataset) -> list[Any]:
 @given(pipelines())
 @example(((0,), [("repeat", (None,))]))  # repeat(None) repeats forever; once found by the fuzzer
 @example(((3,), [("repeat", (None,)), ("take", (7,))]))
+@example(((2,), [("repeat", (None,)), ("repeat", (0,))]))  # forever, then none: empty
 def test_pipeline_arguments_are_typed_errors_or_exact_elements(case: Any) -> None:
     args, ops = case
     ds = typed(lambda: _build(args, ops))
