@@ -42,15 +42,22 @@ def test_import_array_shares_memory() -> None:
 
 
 def test_engine_reads_the_tensor_memory_in_place(engine, monkeypatch) -> None:
-    seen: list[int] = []
-    real = engine_module._host_arrays
+    seen: list[int] = []  # the addresses of the NumPy arrays the engine reduces from
+    real, real_plain = engine_module._host_arrays, engine_module._plain_host_arrays
 
     def spy(tensors, operation):
         items, places = real(tensors, operation)
         seen.extend(a.ctypes.data for a in items)
         return items, places
 
+    def plain_spy(tensors):  # the fast path for a list of plain NumPy arrays
+        places = real_plain(tensors)
+        if places is not None:
+            seen.extend(a.ctypes.data for a in tensors)
+        return places
+
     monkeypatch.setattr(engine_module, "_host_arrays", spy)
+    monkeypatch.setattr(engine_module, "_plain_host_arrays", plain_spy)
     a, b = torch.ones(5, dtype=torch.float64), torch.arange(4, dtype=torch.int32)
     out = engine.allreduce([a, b], "SUM")
     assert seen == [a.data_ptr(), b.data_ptr()]
