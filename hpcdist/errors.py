@@ -444,6 +444,19 @@ class CheckpointMatchError(CheckpointError, AssertionError):
     """
 
 
+class ShardingError(HpcdistError, ValueError):
+    """A sharding request (ZeRO-1/ZeRO-2) or a sharded state that does not fit.
+
+    Raised for a ``shard=`` / ``experimental_sharding=`` value that is not a
+    stage, and for a sharded ``state_dict`` or checkpoint manifest whose
+    layout (world size, parameter sizes, slices) does not match the model.
+
+    Example:
+        >>> issubclass(ShardingError, ValueError)
+        True
+    """
+
+
 class InvalidDeviceError(HpcdistError, ValueError):
     """A device string or list of devices is malformed, unsupported, or not usable here.
 

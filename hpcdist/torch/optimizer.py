@@ -41,6 +41,7 @@ import torch
 from hpcdist.adapters import engine_for
 from hpcdist.collectives import CommunicationOptions, ReduceOp
 from hpcdist.collectives.choice import DEFAULT_BUCKET_BYTES
+from hpcdist.distribute.sharding import check_sharding
 
 
 def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horovod)
@@ -51,6 +52,7 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     backward_passes_per_step: int = 1,
     overlap: bool = True,
     timeout_seconds: float | None = 600.0,
+    shard: str | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its gradients are averaged over all replicas before a step.
 
@@ -70,6 +72,10 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
             :class:`~hpcdist.errors.CollectiveTimeoutError` (raised by
             ``step()``) after this long instead of hanging, and wait sleeping
             rather than spinning (``None``: no timeout).
+        shard: ``None`` (every rank keeps all optimizer state), ``"optimizer"``
+            (ZeRO-1: each rank keeps the state of its 1/N slice of the flat
+            parameters) or ``"gradients"`` (ZeRO-2: also only its slice of the
+            averaged gradients); see :mod:`hpcdist.torch.sharded`.
 
     Returns the same optimizer object, seen as a subclass of its class.
 
@@ -87,6 +93,13 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
         )
     if bytes_per_pack is not None and int(bytes_per_pack) <= 0:
         raise ValueError(f"bytes_per_pack is {bytes_per_pack!r}; expected a positive int or None")
+    stage = check_sharding(shard)
+    if stage is not None:
+        from hpcdist.torch import sharded  # (it imports this module)
+
+        args = (model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
+                int(backward_passes_per_step), overlap, timeout_seconds)
+        return sharded.wrap(optimizer, args, stage, model)
     cls = type(f"Distributed{type(optimizer).__name__}", (_Distributed, type(optimizer)), {})
     wrapped: _Distributed = object.__new__(cls)
     wrapped.__dict__ = optimizer.__dict__  # one optimizer, two views of it
@@ -282,4 +295,7 @@ def _serve(jobs: queue.SimpleQueue, engine: Any, options: CommunicationOptions) 
         bucket = jobs.get()
         if bucket is None:
             return
-        _reduce(engine, options, bucket)
+        if callable(bucket):  # other work for this thread (hpcdist.torch.sharded)
+            bucket()
+        else:
+            _reduce(engine, options, bucket)

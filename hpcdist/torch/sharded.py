@@ -1,0 +1,394 @@
+"""ZeRO-1 and ZeRO-2 for :func:`~hpcdist.torch.DistributedOptimizer` (``shard=``).
+
+The parameters are seen as one flat space in bucket order, cut into one
+slice per rank (:class:`hpcdist.distribute.sharding.FlatShardLayout`). Each
+rank keeps a *shard*: a flat tensor of its slice of the parameters, a flat
+tensor of its slice of the averaged gradients, and a *local optimizer* of
+the wrapped optimizer's class stepping over views of the shard (one view per
+run of one param group), so its state (Adam's moments) covers 1/N of the
+parameters.
+
+* ``shard="optimizer"`` (ZeRO-1): gradients are all-reduced in buckets while
+  backward runs, as without sharding; ``step()`` copies this rank's slice of
+  them into the shard.
+* ``shard="gradients"`` (ZeRO-2): each bucket is packed and reduce-scattered
+  while backward runs; the rank keeps its block of the averaged bucket and
+  frees the bucket's ``.grad`` tensors (they are ``None`` after backward).
+
+After the local step the updated shards are all-gathered into every rank's
+parameters, on the communication thread: ``step()`` returns at once and the
+model's next forward (a forward pre-hook), ``model.state_dict()``, the next
+``step()`` or :meth:`wait_parameters` wait for it. Without ``model=`` the
+gather completes inside ``step()``.
+
+``state_dict()`` holds this rank's shard state (the local optimizer's
+``state_dict``, plus an ``"hpcdist_shard"`` entry naming the layout) and
+loads back only at the same world size and layout;
+:meth:`consolidated_state_dict` (collective) gives the unsharded state dict
+the wrapped optimizer would have; :mod:`hpcdist.torch.sharded_checkpoint`
+writes and reshards checkpoints at any world size.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+
+from hpcdist.arrays import import_array
+from hpcdist.collectives import ReduceOp
+from hpcdist.distribute.sharding import FlatShardLayout, Segment
+from hpcdist.errors import ShardingError
+from hpcdist.torch.optimizer import _Bucket, _Distributed, _Reducer
+
+
+def _numpy(t: torch.Tensor) -> Any:
+    return import_array(t.detach())
+
+
+class ShardedReducer(_Reducer):
+    """The buckets, the flat shard and the local optimizer of one sharded DistributedOptimizer."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, strategy: Any,
+        bucket_bytes: int, passes: int, overlap: bool, timeout_seconds: float | None, stage: str,
+    ) -> None:
+        super().__init__(
+            optimizer, model, strategy, bucket_bytes, passes, overlap, timeout_seconds
+        )
+        self.stage = stage
+        self.outer = optimizer
+        self.params: list[torch.nn.Parameter] = [p for b in self._buckets for p in b.params]
+        kinds = {(p.dtype, p.device) for p in self.params}
+        if len(kinds) > 1:
+            raise ShardingError(
+                f"shard={stage!r} needs every parameter of one dtype and device; found "
+                f"{sorted(str(k) for k in kinds)}. Cast the model (model.float()) or use shard=None"
+            )
+        if not self.params:
+            raise ShardingError(f"shard={stage!r}: the optimizer has no parameter requiring grad")
+        dtype, device = self.params[0].dtype, self.params[0].device
+        index = {id(p): i for i, p in enumerate(self.params)}
+        self.layout = FlatShardLayout(
+            [p.numel() for p in self.params],
+            [[index[id(p)] for p in b.params] for b in self._buckets],
+            self._engine.size,
+        )
+        self.rank = self._engine.rank
+        self.mine: list[Segment] = self.layout.segments(self.rank)
+        size = self.layout.shard_size
+        self.flat = torch.zeros(size, dtype=dtype, device=device)
+        self.flat_grad = torch.zeros(size, dtype=dtype, device=device)
+        group_of = {id(p): g for g, grp in enumerate(optimizer.param_groups) for p in grp["params"]}
+        runs: list[list[int]] = []  # [group, lo, hi]: views of one param group
+        for seg in self.mine:
+            g = group_of[id(self.params[seg.param])]
+            if runs and runs[-1][0] == g and runs[-1][2] == seg.at:
+                runs[-1][2] = seg.at + seg.length
+            else:
+                runs.append([g, seg.at, seg.at + seg.length])
+        if not runs:  # more ranks than elements: an empty view keeps the optimizer valid
+            runs.append([0, 0, 0])
+        self.pieces: list[tuple[int, int, int, torch.nn.Parameter]] = []
+        for g, lo, hi in runs:
+            piece = torch.nn.Parameter(self.flat[lo:hi])  # shares the shard's memory
+            piece.grad = self.flat_grad[lo:hi]
+            self.pieces.append((g, lo, hi, piece))
+        groups = []
+        for g, grp in enumerate(optimizer.param_groups):
+            hyper = {k: v for k, v in grp.items() if k != "params"}
+            groups.append({**hyper, "params": [p for gg, _, _, p in self.pieces if gg == g]})
+        try:
+            self.local = type(optimizer)(groups, **optimizer.defaults)
+        except (TypeError, ValueError) as err:
+            raise ShardingError(
+                f"shard={stage!r} makes a {type(optimizer).__name__} over this rank's slice "
+                f"with {type(optimizer).__name__}(param_groups, **defaults), which failed: {err}. "
+                "Use a torch.optim optimizer whose defaults are its keyword arguments"
+            ) from err
+        self._gather_done = threading.Event()
+        self._gather_done.set()
+        self._gather_error: BaseException | None = None
+        if model is not None:
+            model.register_forward_pre_hook(lambda *_: self.wait_parameters())
+            model.register_state_dict_pre_hook(lambda *_, **__: self.wait_parameters())
+
+    # -- backward: ZeRO-2 reduce-scatters the buckets --------------------------------------------
+    def _launch(self, bucket: _Bucket) -> None:
+        if self.stage != "gradients":
+            super()._launch(bucket)
+            return
+        for p in bucket.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        bucket.launched = True
+        job = _Job(self._scatter, bucket)
+        if self._queue is not None:
+            cast("Any", self._queue).put(job)  # a job, not a bucket: _serve runs it
+        else:
+            job()
+
+    def _scatter(self, bucket: _Bucket) -> None:
+        """Average ``bucket`` over the ranks, keep this rank's block, free the bucket's grads."""
+        try:
+            b = self._buckets.index(bucket)
+            lo, hi = self.layout.bucket_of_shard(b)
+            total = self.layout.bucket_sizes[b]
+            buf = torch.empty((hi - lo) * self.layout.world_size, dtype=self.flat.dtype,
+                              device=self.flat.device)
+            torch.cat([p.grad.reshape(-1) for p in bucket.params], out=buf[:total])
+            buf[total:].zero_()
+            part = self._engine.reduce_scatter(_numpy(buf), ReduceOp.MEAN, self._options)
+            self.flat_grad[lo:hi].copy_(torch.as_tensor(part))
+            for p in bucket.params:
+                p.grad = None
+        except BaseException as err:  # handed to the thread that waits (synchronize)
+            bucket.error = err
+        finally:
+            bucket.done.set()
+
+    # -- the step ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> None:
+        """Synchronize the gradients, step the local optimizer, start the parameters' all-gather."""
+        self.synchronize()
+        self.wait_parameters()
+        for seg in self.mine:
+            p = self.params[seg.param]
+            self.flat[seg.at : seg.at + seg.length].copy_(
+                p.reshape(-1)[seg.start : seg.start + seg.length]
+            )
+            if self.stage == "optimizer":
+                dst = self.flat_grad[seg.at : seg.at + seg.length]
+                if p.grad is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(p.grad.reshape(-1)[seg.start : seg.start + seg.length])
+        for g, grp in enumerate(self.outer.param_groups):  # lr schedulers change the outer groups
+            for local in self.local.param_groups:
+                if local["params"] and any(gg == g and p is local["params"][0]
+                                           for gg, _, _, p in self.pieces):
+                    local.update({k: v for k, v in grp.items() if k != "params"})
+        self.local.step()
+        self._gather_done.clear()
+        job = _Job(self._gather)
+        if self._queue is not None:
+            cast("Any", self._queue).put(job)  # a job, not a bucket: _serve runs it
+            if self._hooked_model is None:
+                self.wait_parameters()
+        else:
+            job()
+            self.wait_parameters()
+
+    _hooked_model: torch.nn.Module | None = None
+
+    def _gather(self) -> None:
+        """All-gather the shards and write them into the parameters (on the comm thread)."""
+        try:
+            full = torch.as_tensor(self._engine.allgather(_numpy(self.flat), 0, self._options))
+            rows = full.view(self.layout.world_size, self.layout.shard_size)
+            with torch.no_grad():
+                for b, members in enumerate(self.layout.buckets):
+                    lo, hi = self.layout.bucket_of_shard(b)
+                    flat = rows[:, lo:hi].reshape(-1)
+                    pos = 0
+                    for i in members:
+                        p = self.params[i]
+                        n = p.numel()
+                        p.view(-1).copy_(flat[pos : pos + n])
+                        pos += n
+        except BaseException as err:
+            self._gather_error = err
+        finally:
+            self._gather_done.set()
+
+    def wait_parameters(self) -> None:
+        """Wait for the parameters' all-gather started by the last step (raise its error)."""
+        self._gather_done.wait()
+        err, self._gather_error = self._gather_error, None
+        if err is not None:
+            raise err
+
+    # -- state ----------------------------------------------------------------------------------
+    def describe(self) -> dict:
+        return {"stage": self.stage, "world_size": self.layout.world_size, "rank": self.rank,
+                "sizes": self.layout.sizes, "buckets": self.layout.buckets}
+
+    def shard_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """``(elementwise state as shard-long vectors, scalar state)`` of the local optimizer."""
+        vectors: dict[str, torch.Tensor] = {}
+        scalars: dict[str, Any] = {}
+        for _, lo, hi, piece in self.pieces:
+            for key, value in self.local.state.get(piece, {}).items():
+                if torch.is_tensor(value) and value.dim() == 1 and value.numel() == hi - lo:
+                    if key not in vectors:
+                        vectors[key] = torch.zeros_like(self.flat, dtype=value.dtype)
+                    vectors[key][lo:hi].copy_(value)
+                else:
+                    scalars.setdefault(key, value)
+        return vectors, scalars
+
+    def set_shard_state(self, vectors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
+        """Make the local optimizer's state from shard-long vectors and scalars."""
+        for _, lo, hi, piece in self.pieces:
+            state: dict[str, Any] = {}
+            for key, value in scalars.items():
+                state[key] = value.clone() if torch.is_tensor(value) else value
+            for key, vec in vectors.items():
+                state[key] = vec[lo:hi].clone()
+            self.local.state[piece] = state
+
+    def gather_full(self, vec: torch.Tensor) -> list[torch.Tensor]:
+        """Every parameter's values of shard-long ``vec`` (collective: all-gather)."""
+        full = torch.as_tensor(self._engine.allgather(_numpy(vec.contiguous()), 0))
+        rows = full.view(self.layout.world_size, self.layout.shard_size)
+        out = []
+        for b, members in enumerate(self.layout.buckets):
+            lo, hi = self.layout.bucket_of_shard(b)
+            flat = rows[:, lo:hi].reshape(-1)
+            pos = 0
+            for i in members:
+                n = self.layout.sizes[i]
+                out.append((i, flat[pos : pos + n].clone().view_as(self.params[i])))
+                pos += n
+        out.sort(key=lambda t: t[0])
+        return [t for _, t in out]
+
+
+class _Job:
+    """A callable the communication thread runs instead of an all-reduce."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn: Callable[..., None], *args: Any) -> None:
+        self.fn = fn
+        self.args = args
+
+    def __call__(self) -> None:
+        self.fn(*self.args)
+
+
+class _Sharded(_Distributed):
+    """The methods a sharded distributed optimizer puts before its class's."""
+
+    _hd: ShardedReducer
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Wait for this rank's averaged gradients, step its slice, all-gather the parameters."""
+        if closure is not None:
+            raise ValueError(
+                "DistributedOptimizer.step takes no closure: run forward and backward before step()"
+            )
+        self.__dict__["_hd"].step()
+        return None
+
+    @property
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer that steps this rank's slice (its state is this rank's share)."""
+        return self.__dict__["_hd"].local
+
+    @property
+    def shard_layout(self) -> FlatShardLayout:
+        """The flat layout: buckets, slice sizes and every rank's segments."""
+        return self.__dict__["_hd"].layout
+
+    def shard_gradients(self) -> torch.Tensor:
+        """This rank's slice of the averaged gradients (after backward and synchronize)."""
+        return self.__dict__["_hd"].flat_grad
+
+    def wait_parameters(self) -> None:
+        """Wait until the last step's all-gather has written every parameter."""
+        self.__dict__["_hd"].wait_parameters()
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard state: the local optimizer's ``state_dict`` and the layout."""
+        hd = self.__dict__["_hd"]
+        hd.wait_parameters()
+        out = hd.local.state_dict()
+        out["hpcdist_shard"] = hd.describe()
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a ``state_dict()`` of this rank taken at the same world size and layout."""
+        hd = self.__dict__["_hd"]
+        saved = state_dict.get("hpcdist_shard")
+        if saved != hd.describe():
+            raise ShardingError(
+                "this state dict is not this rank's shard of this layout: expected "
+                f"{_brief(hd.describe())}, found {_brief(saved)}. Load an unsharded state dict "
+                "into the unwrapped optimizer before wrapping, or use "
+                "hpcdist.torch.load_sharded for a checkpoint of another world size"
+            )
+        rest = {k: v for k, v in state_dict.items() if k != "hpcdist_shard"}
+        hd.local.load_state_dict(rest)
+        for g, grp in enumerate(hd.outer.param_groups):
+            for local in hd.local.param_groups:
+                if local["params"] and any(gg == g and p is local["params"][0]
+                                           for gg, _, _, p in hd.pieces):
+                    grp.update({k: v for k, v in local.items() if k != "params"})
+
+    def consolidated_state_dict(self) -> dict[str, Any]:
+        """The unsharded state dict the wrapped optimizer would have (collective: every rank).
+
+        Its ``state`` holds each parameter's full tensors (e.g. Adam's
+        ``exp_avg``), indexed as ``torch.optim`` indexes them (by position
+        over the param groups); every rank gets it.
+        """
+        hd = self.__dict__["_hd"]
+        hd.wait_parameters()
+        vectors, scalars = hd.shard_state()
+        keys = _agreed_keys(hd, sorted(vectors))
+        full = {}
+        for key in keys:
+            vec = vectors.get(key, torch.zeros_like(hd.flat))
+            full[key] = hd.gather_full(vec)
+        position: dict[int, int] = {}
+        for grp in hd.outer.param_groups:
+            for p in grp["params"]:
+                position.setdefault(id(p), len(position))
+        state: dict[int, dict[str, Any]] = {}
+        if keys:
+            for i, p in enumerate(hd.params):
+                entry = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()}
+                entry.update({k: full[k][i] for k in keys})
+                state[position[id(p)]] = entry
+        groups = []
+        for grp in hd.outer.param_groups:
+            groups.append({**{k: v for k, v in grp.items() if k != "params"},
+                           "params": [position[id(p)] for p in grp["params"]]})
+        return {"state": state, "param_groups": groups}
+
+
+def _agreed_keys(hd: ShardedReducer, keys: list[str]) -> list[str]:
+    """The state keys of every rank (a rank that owns nothing has none)."""
+    import numpy as np
+
+    counts = hd._engine.allreduce([np.array([len(keys)], dtype=np.int64)], ReduceOp.MAX)[0]
+    if int(counts[0]) != len(keys):
+        raise ShardingError(
+            f"the ranks' optimizer state has {int(counts[0])} per-element tensors somewhere but "
+            f"{len(keys)} here; step every rank the same number of times before consolidating"
+        )
+    return keys
+
+
+def _brief(d: Any) -> str:
+    if not isinstance(d, dict):
+        return repr(d)
+    return (f"stage={d.get('stage')!r}, world_size={d.get('world_size')}, rank={d.get('rank')}, "
+            f"{len(d.get('sizes', []))} parameters")
+
+
+def wrap(optimizer: torch.optim.Optimizer,
+         reducer_args: tuple[Any, Any, int, int, bool, float | None], stage: str,
+         model: torch.nn.Module | None) -> torch.optim.Optimizer:
+    """``optimizer`` seen as a sharded distributed optimizer of its class."""
+    cls = type(f"Distributed{type(optimizer).__name__}", (_Sharded, type(optimizer)), {})
+    wrapped: _Sharded = object.__new__(cls)
+    wrapped.__dict__ = optimizer.__dict__
+    reducer = ShardedReducer(optimizer, *reducer_args, stage=stage)
+    reducer._hooked_model = model
+    wrapped._hd = reducer
+    return wrapped
