@@ -43,7 +43,7 @@ from hpcdist.arrays import to_host
 from hpcdist.distribute.ps.variable import PSVariable
 from hpcdist.distribute.sharded_variable import ShardedVariable
 from hpcdist.distribute.variables import Variable
-from hpcdist.errors import CheckpointError
+from hpcdist.errors import CheckpointError, ShardingError
 from hpcdist.optimizers.optimizer import Optimizer
 
 __all__ = ["WeightsOwner", "adapt", "has_protocol", "ps_variables_of"]
@@ -244,6 +244,12 @@ class OptimizerState:
 
     def _checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
         opt = self.opt
+        if getattr(opt, "_sharding", None) is not None:
+            raise ShardingError(
+                f"{self._owner()} is sharded (experimental_sharding={opt._sharding!r}): each "
+                "worker holds a slice of its slots, which Checkpoint does not gather. Save it "
+                "with hpcdist.checkpoint.sharded.save (every worker writes its slice)"
+            )
         arrays = {"iterations": np.asarray(np.int64(opt._step() if not self._ps_variables()
                                                       else int(opt._iterations)))}  # fmt: skip
         names = list(opt._slot_names())

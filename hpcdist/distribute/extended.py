@@ -65,6 +65,8 @@ class StrategyExtended:
     # set by the multi-worker and parameter-server strategies
     _cluster_resolver: ClusterResolver | None
     _communication_options: CommunicationOptions
+    #: ZeRO stage the optimizers use (set by MultiWorkerMirroredStrategy(experimental_sharding=))
+    experimental_sharding: str | None = None
 
     def __init__(
         self,

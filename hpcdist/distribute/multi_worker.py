@@ -31,8 +31,9 @@ from hpcdist.collectives import CommunicationImplementation, CommunicationOption
 from hpcdist.collectives.engine import Collectives
 from hpcdist.distribute.devices import Device, canonical_devices, check_devices_exist
 from hpcdist.distribute.extended import StrategyExtended
+from hpcdist.distribute.sharding import check_sharding
 from hpcdist.distribute.strategy import Strategy
-from hpcdist.errors import ClusterConfigError, LaunchError
+from hpcdist.errors import ClusterConfigError, LaunchError, ShardingError
 from hpcdist.runtime import mpi, world
 from hpcdist.runtime.checks import shared_gpu_advice, shared_gpu_problems
 
@@ -174,6 +175,10 @@ class MultiWorkerMirroredStrategy(Strategy):
     implementation. ``devices`` (an hpcdist addition, like TF's test-only
     ``_from_local_devices``) gives each rank's local devices, e.g.
     ``["/cpu:0", "/cpu:1"]`` for two replicas per rank on CPUs.
+    ``experimental_sharding`` (hpcdist): ``None``, ``"optimizer"`` (ZeRO-1:
+    each worker keeps the :mod:`hpcdist.optimizers` slots of its 1/N slice
+    of the variables) or ``"gradients"`` (ZeRO-2: also only its slice of the
+    summed gradients); see :mod:`hpcdist.optimizers.sharded`.
 
     Example: ``strategy = hd.MultiWorkerMirroredStrategy()`` under ``mpirun -n 4``.
     """
@@ -185,7 +190,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         *,
         communication: CommunicationImplementation | str | None = None,
         devices: Sequence[str | Device] | None = None,
+        experimental_sharding: str | None = None,
     ) -> None:
+        sharding = check_sharding(experimental_sharding, "experimental_sharding")
         options = _options(communication_options, communication)
         w = world()
         resolver = resolve() if cluster_resolver is None else cluster_resolver
@@ -211,6 +218,12 @@ class MultiWorkerMirroredStrategy(Strategy):
         )
         extended._cluster_resolver = resolver
         extended._communication_options = options
+        if sharding is not None and len(local) != 1:
+            raise ShardingError(
+                f"experimental_sharding={sharding!r} shards over workers with one replica each; "
+                f"this worker has {len(local)} devices. Start one rank per device"
+            )
+        extended.experimental_sharding = sharding  # read by hpcdist.optimizers.sharded
         super().__init__(extended)
 
     @classmethod

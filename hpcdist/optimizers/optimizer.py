@@ -55,7 +55,8 @@ from hpcdist.distribute.variables import (
     VariableAggregation,
     VariableSynchronization,
 )
-from hpcdist.optimizers import schedules
+from hpcdist.errors import ShardingError
+from hpcdist.optimizers import schedules, sharded
 from hpcdist.optimizers.clipping import check_clip, global_scale, kernels_for
 from hpcdist.optimizers.flat import FlatBuffer, _empty_like, on_device_of
 from hpcdist.optimizers.ps_hosting import RemoteView
@@ -160,6 +161,7 @@ class _Group:
                 for i in range(num_local)
             ]
             for name in self.slot_names
+            if self.slot_vars and name in self.slot_vars[0]  # (sharded: no slot variables)
         }
         self.offsets = list(self.params[0].offsets)
         self.grads = {}
@@ -228,6 +230,8 @@ class Optimizer:
         self._order: list[Any] = []
         self._strategy_key: Any = None
         self._warned: set[tuple[str, ...]] = set()
+        self._sharding: str | None = None  # ZeRO stage of the strategy (hpcdist.optimizers.sharded)
+        self._shards: dict[np.dtype, Any] = {}
         if context.has_strategy() and context.in_cross_replica_context():
             self._iterations = self._new_iterations(context.get_strategy(), 0)
 
@@ -358,6 +362,7 @@ class Optimizer:
         first = new[0]
         if isinstance(first, (DistributedVariable, AggregatingVariable)):
             strategy = first._distribute_strategy
+            self._sharding = sharded.sharding_of(strategy)
             it = self._iterations
             if it is None or not isinstance(it, (DistributedVariable, AggregatingVariable)):
                 self._iterations = self._new_iterations(strategy, self._step())
@@ -378,7 +383,7 @@ class Optimizer:
                 group = self._groups[dtype] = _Group(dtype, slot_names)
             slots = {}
             proto = _component(v, 0)._value
-            for s in slot_names:
+            for s in slot_names if self._sharding is None else ():
                 initial = array_module(proto).full(proto.shape, self._slot_initial_value(s), dtype)
                 agg = VariableAggregation.MEAN
                 slots[s] = self._make_variable(v, initial, f"{v.name}/{s}", agg)
@@ -427,6 +432,12 @@ class Optimizer:
         Example: ``opt.get_slot(w, "momentum")`` after the first step.
         """
         entry = self._entries.get(id(var))
+        if self._sharding is not None:
+            raise ShardingError(
+                f"optimizer {self._name!r} is sharded (experimental_sharding="
+                f"{self._sharding!r}): it has no slot variables, each worker holds its slice "
+                "of the slots as flat arrays (optimizer._shards)"
+            )
         if entry is None:
             raise KeyError(
                 f"optimizer {self._name!r} has no slots for variable "
@@ -639,6 +650,15 @@ class Optimizer:
         # Unreduced gradients are clipped in place: then they must be the optimizer's copy.
         clips = not (self.clipnorm is None and self.global_clipnorm is None)
         alias_ok = reduced or not (clips or self.clipvalue is not None)
+        if self._sharding is not None:
+            if not reduced and strategy is not None and strategy.num_replicas_in_sync > 1:
+                raise ShardingError(
+                    f"experimental_sharding={self._sharding!r}: the gradients must be summed "
+                    "over the workers (each updates its slice); drop skip_gradients_aggregation"
+                )
+            sharded.apply(self, strategy, work, replica_grads, lr, step, alias_ok)
+            self._iterations.assign_add(np.int64(1))
+            return self._iterations
         packed = [
             [self._pack(group, r, idx, grads, alias_ok) for group, idx, _ in work]
             for r, grads in enumerate(replica_grads)
