@@ -23,10 +23,13 @@ Example::
 
 from hpcdist.torch.broadcast import allreduce, broadcast_optimizer_state, broadcast_parameters
 from hpcdist.torch.optimizer import DistributedOptimizer
+from hpcdist.torch.sharded import load_sharded, save_sharded
 
 __all__ = [
     "DistributedOptimizer",
     "allreduce",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "load_sharded",
+    "save_sharded",
 ]
