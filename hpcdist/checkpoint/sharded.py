@@ -59,6 +59,13 @@ def _check_name(name: str) -> str:
     return name
 
 
+def _npy_writer(vec: np.ndarray) -> Callable[[Any], None]:
+    def write(f: Any) -> None:
+        np.save(f, vec, allow_pickle=False)
+
+    return write
+
+
 def save(
     directory: str,
     layout: FlatShardLayout,
@@ -85,8 +92,7 @@ def save(
             raise CheckpointError(
                 f"vector {name!r} has shape {vec.shape}; expected ({layout.shard_size},), the shard"
             )
-        atomic_write(_file(directory, rank, _check_name(name)),
-                     lambda f, v=vec: np.save(f, v, allow_pickle=False))
+        atomic_write(_file(directory, rank, _check_name(name)), _npy_writer(vec))
     barrier()
     if rank == 0:
         dtype = next(iter(vectors.values())).dtype.str if vectors else "<f4"
