@@ -248,7 +248,7 @@ class OptimizerState:
             raise ShardingError(
                 f"{self._owner()} is sharded (experimental_sharding={opt._sharding!r}): each "
                 "worker holds a slice of its slots, which Checkpoint does not gather. Save it "
-                "with hpcdist.checkpoint.sharded.save (every worker writes its slice)"
+                "with hpcdist.checkpoint.sharded.save_optimizer (every worker writes its slice)"
             )
         arrays = {"iterations": np.asarray(np.int64(opt._step() if not self._ps_variables()
                                                       else int(opt._iterations)))}  # fmt: skip

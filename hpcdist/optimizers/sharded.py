@@ -121,6 +121,30 @@ class ShardState:
                 self.grad[lo:hi] = asarray(self.engine.reduce_scatter(buf, ReduceOp.SUM))
 
 
+def state_of(opt: Any, group: Any, engine: Collectives, stage: str | None) -> ShardState:
+    """The shard state of ``group`` (made, with fresh slots, when missing or outgrown)."""
+    state = opt._shards.get(group.dtype)
+    sizes = [group.offsets[j + 1] - group.offsets[j] for j in range(len(group.offsets) - 1)]
+    if state is None or state.layout.sizes != sizes:
+        initial = {name: opt._slot_initial_value(name) for name in group.slot_names}
+        state = opt._shards[group.dtype] = ShardState(group, engine, stage, initial)
+    return state
+
+
+def states(opt: Any) -> list[tuple[Any, ShardState]]:
+    """Every dtype group of a built sharded optimizer with its shard state (made if missing)."""
+    if opt._sharding is None or not opt._order:
+        raise ShardingError(
+            f"optimizer {opt.name!r} is not sharded or not built: create it in the scope of "
+            "MultiWorkerMirroredStrategy(experimental_sharding=...) and call "
+            "optimizer.build(model.trainable_variables) (or take a step) first"
+        )
+    strategy = opt._order[0]._distribute_strategy
+    engine = _engine(strategy)
+    return [(g, state_of(opt, g, engine, opt._sharding)) for _, g in sorted(
+        opt._groups.items(), key=lambda kv: str(kv[0]))]
+
+
 def _padded_buckets(state: ShardState, group: Any, idx: list, grads: list) -> list[Any]:
     """The gradients of ``group`` bucket by bucket, each padded to a multiple of the workers."""
     lay = state.layout
@@ -154,15 +178,7 @@ def apply(
             f"worker has {len(replica_grads)} replicas. Start one rank per device"
         )
     engine = _engine(strategy)
-    states = []
-    for group, _, _ in work:
-        state = opt._shards.get(group.dtype)
-        if state is None or state.layout.sizes != [
-            group.offsets[j + 1] - group.offsets[j] for j in range(len(group.offsets) - 1)
-        ]:
-            initial = {name: opt._slot_initial_value(name) for name in group.slot_names}
-            state = opt._shards[group.dtype] = ShardState(group, engine, stage, initial)
-        states.append(state)
+    states = [state_of(opt, group, engine, stage) for group, _, _ in work]
     if stage == "optimizer":
         packed = [opt._pack(group, 0, idx, replica_grads[0], alias_ok) for group, idx, _ in work]
         reduced = strategy.extended._reduce_leaves(ReduceOp.SUM, packed)

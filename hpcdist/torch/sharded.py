@@ -109,11 +109,20 @@ class ShardedReducer(_Reducer):
                 f"with {type(optimizer).__name__}(param_groups, **defaults), which failed: {err}. "
                 "Use a torch.optim optimizer whose defaults are its keyword arguments"
             ) from err
-        self._gather_done = threading.Event()
-        self._gather_done.set()
+        self._ready = [threading.Event() for _ in self._buckets]  # bucket b's params gathered
+        for event in self._ready:
+            event.set()
         self._gather_error: BaseException | None = None
-        if model is not None:
-            model.register_forward_pre_hook(lambda *_: self.wait_parameters())
+        if model is not None:  # each module waits for the buckets of its own parameters
+            bucket_of = {id(p): b for b, members in enumerate(self.layout.buckets)
+                         for p in (self.params[i] for i in members)}
+            for module in model.modules():
+                mine = sorted({bucket_of[id(p)] for p in module.parameters(recurse=False)
+                               if id(p) in bucket_of})
+                if mine:
+                    module.register_forward_pre_hook(
+                        lambda *_, bs=tuple(mine): self._wait_buckets(bs)
+                    )
             model.register_state_dict_pre_hook(lambda *_, **__: self.wait_parameters())
 
     # -- backward: ZeRO-2 reduce-scatters the buckets --------------------------------------------
@@ -173,41 +182,55 @@ class ShardedReducer(_Reducer):
                                            for gg, _, _, p in self.pieces):
                     local.update({k: v for k, v in grp.items() if k != "params"})
         self.local.step()
-        self._gather_done.clear()
-        job = _Job(self._gather)
-        if self._queue is not None:
-            cast("Any", self._queue).put(job)  # a job, not a bucket: _serve runs it
-            if self._hooked_model is None:
-                self.wait_parameters()
-        else:
-            job()
+        for event in self._ready:
+            event.clear()
+        # the last bucket holds the first layers: gathered first, for the next forward
+        for b in reversed(range(len(self._buckets))):
+            job = _Job(self._gather_bucket, b)
+            if self._queue is not None:
+                cast("Any", self._queue).put(job)  # a job, not a bucket: _serve runs it
+            else:
+                job()
+        if self._queue is None or self._hooked_model is None:
             self.wait_parameters()
 
     _hooked_model: torch.nn.Module | None = None
 
-    def _gather(self) -> None:
-        """All-gather the shards and write them into the parameters (on the comm thread)."""
+    def _gather_bucket(self, b: int) -> None:
+        """All-gather bucket ``b``'s slices into its parameters (on the comm thread)."""
         try:
-            full = torch.as_tensor(self._engine.allgather(_numpy(self.flat), 0, self._options))
-            rows = full.view(self.layout.world_size, self.layout.shard_size)
+            lo, hi = self.layout.bucket_of_shard(b)
+            part = _numpy(self.flat[lo:hi])
+            flat = torch.as_tensor(self._engine.allgather(part, 0, self._options))
+            pos = 0
             with torch.no_grad():
-                for b, members in enumerate(self.layout.buckets):
-                    lo, hi = self.layout.bucket_of_shard(b)
-                    flat = rows[:, lo:hi].reshape(-1)
-                    pos = 0
-                    for i in members:
-                        p = self.params[i]
-                        n = p.numel()
-                        p.view(-1).copy_(flat[pos : pos + n])
-                        pos += n
+                for i in self.layout.buckets[b]:
+                    p = self.params[i]
+                    n = p.numel()
+                    p.view(-1).copy_(flat[pos : pos + n])
+                    pos += n
         except BaseException as err:
             self._gather_error = err
         finally:
-            self._gather_done.set()
+            self._ready[b].set()
+
+    def _gather(self) -> None:
+        """All-gather every bucket on this thread (every rank calls it)."""
+        for event in self._ready:
+            event.clear()
+        for b in reversed(range(len(self._buckets))):
+            self._gather_bucket(b)
+
+    def _wait_buckets(self, buckets: tuple[int, ...]) -> None:
+        for b in buckets:
+            self._ready[b].wait()
+        if self._gather_error is not None:
+            self.wait_parameters()
 
     def wait_parameters(self) -> None:
         """Wait for the parameters' all-gather started by the last step (raise its error)."""
-        self._gather_done.wait()
+        for event in self._ready:
+            event.wait()
         err, self._gather_error = self._gather_error, None
         if err is not None:
             raise err
@@ -460,7 +483,6 @@ def load_sharded(directory: str, optimizer: torch.optim.Optimizer) -> dict:
     vectors, scalars, manifest = fmt.load(directory, hd.layout, hd.rank, names, shapes, dtype)
     with torch.no_grad():
         hd.flat.copy_(torch.from_numpy(vectors.pop("param")))
-    hd._gather_done.clear()
     hd._gather()  # on this thread: every rank is here
     hd.wait_parameters()
     tensors = {k: torch.from_numpy(v).to(hd.flat.device) for k, v in vectors.items()}

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import hpcdist as hd
-from hpcdist.errors import ShardingError
+from hpcdist.checkpoint import sharded
+from hpcdist.errors import CheckpointError, ShardingError
 from hpcdist.nn import Dense, Sequential, backend
 
 pytestmark = pytest.mark.mpi
@@ -86,21 +87,20 @@ def _build_init() -> list[np.ndarray]:
     return [rng.normal(scale=0.3, size=w.shape).astype(np.float32) for w in model.get_weights()]
 
 
-def _custom_loop(sharding: str | None, clip: dict, steps: int):
+def _setup(sharding: str | None, clip: dict, init: list[np.ndarray] | None = None):
+    """A model and optimizer under a strategy, and ``run(steps, first)`` training them."""
     strategy = _strategy(sharding)
     n = strategy.num_replicas_in_sync
     global_batch = 4 * n
     with strategy.scope():
         model = _build()
         model.build((None, FEATURES))
-        model.set_weights(_build_init())
+        model.set_weights(_build_init() if init is None else init)
         opt = hd.optimizers.Adam(0.01, **clip)
-
     mse = hd.nn.losses.MeanSquaredError(reduction=hd.nn.losses.Reduction.NONE)
 
     def loss_fn(y, pred):
-        per = mse(y, pred)
-        return hd.nn.compute_average_loss(per, global_batch_size=global_batch)
+        return hd.nn.compute_average_loss(mse(y, pred), global_batch_size=global_batch)
 
     grad_fn = hd.nn.value_and_grad(model, loss_fn)
 
@@ -108,12 +108,21 @@ def _custom_loop(sharding: str | None, clip: dict, steps: int):
         _, grads = grad_fn(*batch)
         opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
-    x, y = _data(steps * global_batch)
-    dist = strategy.experimental_distribute_dataset(
-        hd.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
-    )
-    for batch in dist:
-        strategy.run(step, args=(batch,))
+    def run(steps: int, first: int = 0) -> None:
+        x, y = _data((first + steps) * global_batch)
+        x, y = x[first * global_batch :], y[first * global_batch :]
+        dist = strategy.experimental_distribute_dataset(
+            hd.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+        )
+        for batch in dist:
+            strategy.run(step, args=(batch,))
+
+    return strategy, model, opt, run
+
+
+def _custom_loop(sharding: str | None, clip: dict, steps: int):
+    _, model, opt, run = _setup(sharding, clip)
+    run(steps)
     return model, opt
 
 
@@ -161,3 +170,22 @@ def test_bad_sharding_value_is_a_typed_error() -> None:
         hd.MultiWorkerMirroredStrategy(
             devices=["/cpu:0", "/cpu:1"], experimental_sharding="optimizer"
         )
+
+
+@pytest.mark.parametrize("stage", ["optimizer", "gradients"])
+def test_sharded_checkpoint_restores_and_training_continues_bitwise(tmp_path, stage) -> None:
+    directory = hd.world().comm.bcast(str(tmp_path), root=0)
+    _, model, opt, run = _setup(stage, {})
+    run(3)
+    sharded.save_optimizer(directory, opt)
+    run(2, first=3)
+    strategy, other, opt2, run2 = _setup(stage, {}, init=[w * 0 for w in _build_init()])
+    with strategy.scope():
+        opt2.build(other.trainable_variables)
+    sharded.load_optimizer(directory, opt2)
+    assert int(opt2.iterations.numpy()) == 3
+    run2(2, first=3)
+    for a, b in zip(other.get_weights(), model.get_weights(), strict=True):
+        assert a.tobytes() == b.tobytes()
+    with pytest.raises(CheckpointError, match="Checkpoint does not gather"):
+        hd.checkpoint.Checkpoint(optimizer=opt2).write(directory + "/plain")
