@@ -11,6 +11,10 @@ but ``numba.cuda.is_available()`` is False (numba-cuda without its ``[cu13]``
 extra), only the tests of hpcdist's Numba kernels skip (:func:`kernels_status`);
 the CuPy and NCCL tests still run (the engine then packs with CuPy copies).
 
+Tests marked ``mpi`` (``test_shared_gpu_mpi.py``) run only under
+``mpirun -n 2 python -m pytest --with-mpi -m mpi tests/gpu``; a one-process run
+deselects them.
+
 Fixtures: ``cp`` (the CuPy module), ``gpus`` (how many GPUs this process
 sees), ``nccl_ok`` (skips with the reason when NCCL cannot be used; else the
 NCCL version text) and ``spin`` (a kernel that keeps a stream busy for a
@@ -140,6 +144,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ours = [item for item in items if HERE == item.path.parent or HERE in item.path.parents]
     if not ours:
         return
+    if not config.getoption("with_mpi", default=False):  # multi-rank tests: mpirun only
+        multi = [item for item in ours if item.get_closest_marker("mpi") is not None]
+        if multi:
+            config.hook.pytest_deselected(items=multi)
+            items[:] = [item for item in items if item not in multi]
+            ours = [item for item in ours if item not in multi]
     gpu = gpu_status()
     for item in ours:
         needs = _needs_kernels(item)
