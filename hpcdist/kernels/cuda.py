@@ -355,14 +355,19 @@ def _upload(host: np.ndarray, stream: Any, cupy_owned: bool) -> Any:
 
     Runs once per bucket layout (tables are cached): CuPy's pool returns the memory
     without ``cudaFree`` (Numba's deferred frees would block the host), and the copy is
-    waited for here so that a kernel on any stream sees the table.
+    waited for here so that a kernel on any stream sees the table. The table is handed
+    to the kernels as a Numba view made once without sync: a CuPy array passed as it is
+    would make Numba wait on the array's stream at every launch.
     """
     if cupy_owned and not simulator_enabled():
         import cupy  # lazy: optional GPU dependency (CuPy; the tensors are CuPy arrays)
 
-        device = cupy.asarray(host)  # the current device (the caller's), CuPy's pool
-        cupy.cuda.get_current_stream().synchronize()
-        return device
+        # on the current device, from CuPy's pool, on a stream of its own: the caller's
+        # stream may hold queued work that this one-time copy need not wait for
+        with cupy.cuda.Stream(non_blocking=True) as upload:
+            device = cupy.asarray(host)
+        upload.synchronize()
+        return cuda.as_cuda_array(device, sync=False)  # (the view keeps `device` alive)
     return cuda.to_device(host, stream=stream)
 
 
