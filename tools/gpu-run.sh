@@ -12,7 +12,7 @@
 #    and finds site-packages, mpirun and libmpi under /tmp/site.
 #
 # Steps, each with its own timeout, every one run even when an earlier one fails
-# (limits 45+45+150+75+50+50+55 s: under 8 minutes in all): install, probe (versions, GPU, Numba, NCCL),
+# (465 s in all at most, shared out by the `limit` rule below): install, probe (versions, GPU, Numba, NCCL),
 # tests/gpu in one process, tests/gpu under `mpirun -n 2` with both ranks on GPU 0,
 # benchmarks/gpu_nccl.py, gpu_kernels.py, gpu_training.py.
 #
@@ -26,7 +26,8 @@
 # Exit code: 0 when every step passed, 1 otherwise (the files are written either way).
 #
 # Variables: OUT (required), PY (default python3), SITE (default /tmp/site),
-# GPU_RUN_QUICK=1 (shorter benchmarks, for a retry when time is short).
+# GPU_RUN_SECONDS (default 465: the whole run's budget), GPU_RUN_QUICK=1 (shorter
+# benchmarks, for a retry when time is short).
 set -u -o pipefail
 
 OUT=${OUT:?set OUT to the folder that receives the results}
@@ -45,6 +46,22 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy
 export OMPI_MCA_osc=^ucx OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 export NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING=1 NUMBA_CACHE_DIR="$WORK/numba-cache"
 
+# Time: every step has a cap, and the steps after it a reserve (RESERVE: name=seconds);
+# a step gets min(cap, what is left of TOTAL minus the later steps' reserves), so time a
+# fast step leaves goes to the tests, and the whole run stays under TOTAL seconds.
+TOTAL=${GPU_RUN_SECONDS:-465}
+RESERVE="install=20 probe=20 tests-1proc=90 tests-2ranks=45 bench-nccl=30 bench-kernels=30 bench-training=40"
+limit() {  # limit CAP: this step's seconds (the first reserve left is this step's own)
+    local cap=$1 later=0 first=1 entry left
+    for entry in $RESERVE; do
+        if [ $first = 1 ]; then first=0; continue; fi
+        later=$((later + ${entry#*=}))
+    done
+    left=$((TOTAL - ($(date +%s) - START) - later))
+    [ "$left" -lt 10 ] && left=10
+    [ "$left" -lt "$cap" ] && echo "$left" || echo "$cap"
+}
+
 # step NAME SECONDS COMMAND...: run it with a timeout, log it, record how it ended.
 # Exit code 2 of a benchmark means "cannot run here" (no usable GPU): recorded as skipped.
 step() {
@@ -53,6 +70,7 @@ step() {
     local log="$WORK/logs/$name.log" t0 rc status
     t0=$(date +%s)
     echo "== $name (limit ${limit}s): $*" >"$log"
+    echo "== $name (limit ${limit}s)"
     # (through bash -c, so that a step may be one of the exported functions below)
     # SIGINT first: pytest then still writes its JUnit file and summary
     timeout -s INT -k 15 "$limit" bash -c '"$@"' "$name" "$@" >>"$log" 2>&1
@@ -64,6 +82,10 @@ step() {
         *) status=failed ;;
     esac
     printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$(($(date +%s) - t0))" >>"$STEPS"
+    case $RESERVE in  # this step's reserve is spent
+        *" "*) RESERVE=${RESERVE#* } ;;
+        *) RESERVE="" ;;
+    esac
     echo "== $name: $status (exit $rc, $(($(date +%s) - t0)) s)"
     tail -n 5 "$log"
 }
@@ -80,7 +102,7 @@ install_wheels() {
 }
 export -f install_wheels
 export REPO PY SITE WORK
-step install 45 install_wheels
+step install "$(limit 60)" install_wheels
 SITE_PKGS=$(dirname "$(find "$SITE" -maxdepth 6 -type d -name pytest_mpi 2>/dev/null | head -n 1)" 2>/dev/null)
 LIBMPI=$(find "$SITE" -maxdepth 3 -name 'libmpi.so.40' 2>/dev/null | head -n 1)
 if [ -n "$SITE_PKGS" ] && [ "$SITE_PKGS" != "." ]; then
@@ -94,7 +116,7 @@ fi
 MPIRUN=$(command -v mpirun || echo mpirun)
 
 # -- probe: versions and what works, as JSON (a failure inside is recorded, not fatal)
-step probe 45 "$PY" - "$WORK/probe.json" <<'PYEOF'
+step probe "$(limit 45)" "$PY" - "$WORK/probe.json" <<'PYEOF'
 import json, os, platform, subprocess, sys, traceback
 
 probe = {"python": sys.version.split()[0], "platform": platform.platform()}
@@ -175,7 +197,7 @@ sys.exit(1 if failed else 0)
 PYEOF
 
 # -- tests/gpu in one process (the multi-rank tests start their own mpirun jobs)
-step tests-1proc 150 "$PY" -m pytest -q -rs --no-header --color=no -p no:cacheprovider \
+step tests-1proc "$(limit 210)" "$PY" -m pytest -q -rs --no-header --color=no -p no:cacheprovider \
     --timeout 120 --junitxml="$WORK/junit/junit-gpu.xml" tests/gpu
 
 # -- tests/gpu -m mpi under mpirun -n 2: both ranks on GPU 0 (the staged route)
@@ -187,15 +209,15 @@ mpi_tests() {
 }
 export -f mpi_tests
 export MPIRUN
-step tests-2ranks 75 mpi_tests
+step tests-2ranks "$(limit 90)" mpi_tests
 
 # -- benchmarks, each writing its JSON (naming the GPU) and PNG into $WORK/bench
-if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then REPEATS=5; STEPS_N=20; else REPEATS=9; STEPS_N=40; fi
-step bench-nccl 50 "$PY" benchmarks/gpu_nccl.py --repeats "$REPEATS" --max-bytes 256MiB \
+if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then REPEATS=5; STEPS_N=20; else REPEATS=7; STEPS_N=40; fi
+step bench-nccl "$(limit 60)" "$PY" benchmarks/gpu_nccl.py --repeats "$REPEATS" --max-bytes 256MiB \
     --out "$WORK/bench"
-step bench-kernels 50 "$PY" benchmarks/gpu_kernels.py --repeats "$REPEATS" \
+step bench-kernels "$(limit 60)" "$PY" benchmarks/gpu_kernels.py --repeats "$REPEATS" \
     --sizes-mib 1 16 256 --out "$WORK/bench"
-step bench-training 55 "$PY" benchmarks/gpu_training.py --steps "$STEPS_N" --rounds 2 \
+step bench-training "$(limit 75)" "$PY" benchmarks/gpu_training.py --steps "$STEPS_N" --rounds 2 \
     --out "$WORK/bench"
 
 # -- collect: summary.json, the JUnit files, the three JSONs, one tarball of the rest
@@ -209,9 +231,12 @@ for line in open(os.path.join(work, "steps.tsv")):
     tail = open(log, errors="replace").read().splitlines()[-40:] if os.path.exists(log) else []
     steps.append({"step": name, "status": status, "exit": int(rc), "seconds": int(seconds),
                   "log_tail": tail})
+built = os.path.join(os.getcwd(), ".whl", "BUILT_FROM")
+built_from = open(built).read().strip() if os.path.exists(built) else None
 probe_path = os.path.join(work, "probe.json")
 probe = json.load(open(probe_path)) if os.path.exists(probe_path) else None
-summary = {"total_seconds": int(time.time()) - start, "probe": probe, "steps": steps,
+summary = {"total_seconds": int(time.time()) - start, "wheels_built_from": built_from,
+           "probe": probe, "steps": steps,
            "ok": all(s["status"] in ("ok", "skipped") for s in steps)}
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 print(json.dumps({s["step"]: s["status"] for s in steps}))
