@@ -155,7 +155,8 @@ def test_kernel_benchmark_splits_buffers_into_64_tensors(bench):
     assert kernels.split_sizes(10, 3) == [4, 3, 3]
     sizes = kernels.split_sizes((1 << 20) // 4, kernels.TENSORS)
     assert len(sizes) == 64 and sum(sizes) == 1 << 18 and max(sizes) - min(sizes) <= 1
-    assert kernels.TRAFFIC == {"pack_cuda": 2, "unpack_cuda": 2, "adam": 7}
+    assert kernels.TRAFFIC == {"pack_cuda": 2, "unpack_cuda": 2, "reduce_slots_cuda": 3,
+                               "adam": 7}
 
 
 def test_training_benchmark_data_and_medians(bench):
