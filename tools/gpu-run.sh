@@ -108,6 +108,9 @@ LIBMPI=$(find "$SITE" -maxdepth 3 -name 'libmpi.so.40' 2>/dev/null | head -n 1)
 if [ -n "$SITE_PKGS" ] && [ "$SITE_PKGS" != "." ]; then
     export PYTHONPATH="$SITE_PKGS${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# The checkout first: every step runs the working tree's hpcdist (the wheel, installed too,
+# may be older: summary.json's wheels_built_from says which commit it was built from).
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if [ -n "$LIBMPI" ]; then  # mpi4py's ABI wheels load the libmpi named here
     export MPI4PY_LIBMPI="$LIBMPI"
     export LD_LIBRARY_PATH="$(dirname "$LIBMPI")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
