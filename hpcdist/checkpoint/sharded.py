@@ -270,3 +270,28 @@ def load_optimizer(directory: str, optimizer: Any) -> None:
     if step is not None:
         optimizer.iterations.assign(np.int64(step))
 
+
+def consolidated_slots(optimizer: Any) -> dict[str, list[np.ndarray]]:
+    """Every variable's full slot values of a sharded optimizer (collective: all-gathers).
+
+    Returns ``{slot name: [one array per variable, in creation order]}``, the
+    values the unsharded optimizer's slot variables would hold.
+    """
+    from hpcdist.optimizers import sharded as zero  # (optimizers is below checkpoint)
+
+    out: dict[str, list[np.ndarray]] = {}
+    per_var: dict[int, dict[str, np.ndarray]] = {}
+    for group, state in zero.states(optimizer):
+        for name, vec in state.slots.items():
+            full = np.zeros(group.offsets[-1], dtype=group.dtype)
+            for lo, hi, at in state.ranges:
+                full[lo:hi] = np.asarray(vec[at : at + hi - lo])
+            state.gather_into(full)
+            for j, v in enumerate(group.variables):
+                a, z = group.offsets[j], group.offsets[j + 1]
+                per_var.setdefault(id(v), {})[name] = full[a:z].reshape(v.shape)
+    for v in optimizer._order:
+        for name, value in per_var.get(id(v), {}).items():
+            out.setdefault(name, []).append(value)
+    return out
+
