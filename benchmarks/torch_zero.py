@@ -234,8 +234,28 @@ def driver(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from common import save_report
 
+    summarize(report)
     save_report("torch_zero", report)
     plot(report)
+
+
+def summarize(report: dict[str, Any]) -> None:
+    """``report["mib"]``: rank 0's figures in MiB, keyed ``n<N>`` and variant (for the docs)."""
+    mib: dict[str, Any] = {}
+    for n, variants in report["memory"].items():
+        mib[f"n{n}"] = {
+            name: {k: max(r[k] for r in rows) / 2**20 for k in rows[0] if k != "parameters"}
+            for name, rows in variants.items()
+        }
+        base = mib[f"n{n}"]["unsharded"]
+        for name in ("zero1", "zero2"):
+            row = mib[f"n{n}"][name]
+            row["state_share"] = row["optimizer_state_bytes"] / base["optimizer_state_bytes"]
+            row["gradient_share"] = row["gradient_bytes"] / base["gradient_bytes"]
+    report["mib"] = mib
+    report["time"] = {f"n{n}": {**{f"{k}_ms": v * 1e3 for k, v in t["median_s"].items()},
+                                **t["ratios"]}
+                      for n, t in report["step_s"].items()}
 
 
 def plot(report: dict[str, Any]) -> None:
