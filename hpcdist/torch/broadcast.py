@@ -16,6 +16,7 @@ import torch
 
 from hpcdist.adapters import engine_for
 from hpcdist.collectives import ReduceOp
+from hpcdist.errors import ShardingError
 
 
 def allreduce(tensor: torch.Tensor, op: ReduceOp | str = "MEAN", strategy: Any = None) -> Any:
@@ -74,6 +75,12 @@ def broadcast_optimizer_state(optimizer: Any, root: int = 0, strategy: Any = Non
     Example: ``hdt.broadcast_optimizer_state(optimizer, root=0)`` after loading a checkpoint
     on rank 0.
     """
+    if hasattr(optimizer, "shard_layout"):  # every rank decides alike: no collective yet
+        raise ShardingError(
+            "broadcast_optimizer_state: this optimizer is sharded (DistributedOptimizer(shard="
+            "...)); each rank's state is its own slice, so there is nothing to broadcast. "
+            "broadcast_parameters(model) is enough at the start; resume with hdt.load_sharded"
+        )
     engine = engine_for(strategy)
     if engine.size == 1:
         return

@@ -123,14 +123,16 @@ def test_state_and_gradient_bytes_per_rank(stage: str) -> None:
         assert held >= full_grads  # ZeRO-1 keeps the full averaged gradients
 
 
-def test_sgd_groups_scheduler_and_accumulation_match() -> None:
+@pytest.mark.parametrize("overlap", [True, False])
+def test_sgd_groups_scheduler_and_accumulation_match(overlap: bool) -> None:
     def make(model, shard):
         p = list(model.parameters())
         sgd = torch.optim.SGD(
             [{"params": p[:2], "lr": 0.05}, {"params": p[2:]}], lr=0.1, momentum=0.9
         )
         return hdt.DistributedOptimizer(
-            sgd, model=model, bytes_per_pack=BUCKET, shard=shard, backward_passes_per_step=2
+            sgd, model=model, bytes_per_pack=BUCKET, shard=shard, backward_passes_per_step=2,
+            overlap=overlap,
         )
 
     ref, net = _model(), _model()
@@ -179,3 +181,6 @@ def test_bad_shard_values_are_typed_errors() -> None:
     mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
     with pytest.raises(ShardingError, match="one dtype"):
         hdt.DistributedOptimizer(torch.optim.Adam(mixed.parameters()), shard="optimizer")
+    opt = hdt.DistributedOptimizer(torch.optim.Adam(net.parameters()), shard="optimizer")
+    with pytest.raises(ShardingError, match="nothing to broadcast"):
+        hdt.broadcast_optimizer_state(opt, root=0)
