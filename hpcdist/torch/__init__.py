@@ -4,7 +4,10 @@ One MPI rank trains one model replica. :func:`broadcast_parameters` and
 :func:`broadcast_optimizer_state` give every rank the root's start state;
 :func:`DistributedOptimizer` wraps any ``torch.optim`` optimizer so that the
 gradients are averaged over all replicas (through the hpcdist collectives
-engine, reading the gradient memory in place) while backward still runs.
+engine, reading the gradient memory in place) while backward still runs;
+with ``shard="optimizer"`` / ``"gradients"`` (ZeRO-1/ZeRO-2) each rank keeps
+only its slice of the optimizer state (and gradients), and
+:func:`save_sharded` / :func:`load_sharded` checkpoint it at any world size.
 
 Importing :mod:`hpcdist` never imports PyTorch; importing this module does.
 

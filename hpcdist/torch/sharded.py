@@ -25,8 +25,9 @@ gather completes inside ``step()``.
 ``state_dict``, plus an ``"hpcdist_shard"`` entry naming the layout) and
 loads back only at the same world size and layout;
 :meth:`consolidated_state_dict` (collective) gives the unsharded state dict
-the wrapped optimizer would have; :mod:`hpcdist.torch.sharded_checkpoint`
-writes and reshards checkpoints at any world size.
+the wrapped optimizer would have; :func:`save_sharded` and
+:func:`load_sharded` write checkpoints (every rank its slice) and load them at
+any world size (:mod:`hpcdist.checkpoint.sharded`).
 """
 
 from __future__ import annotations
