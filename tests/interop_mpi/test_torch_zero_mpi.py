@@ -184,3 +184,16 @@ def test_bad_shard_values_are_typed_errors() -> None:
     opt = hdt.DistributedOptimizer(torch.optim.Adam(net.parameters()), shard="optimizer")
     with pytest.raises(ShardingError, match="nothing to broadcast"):
         hdt.broadcast_optimizer_state(opt, root=0)
+
+
+def test_without_model_the_gather_completes_in_step() -> None:
+    ref, net = _model(), _model()
+    ref_opt = hdt.DistributedOptimizer(torch.optim.Adam(ref.parameters()), bytes_per_pack=BUCKET)
+    opt = hdt.DistributedOptimizer(
+        torch.optim.Adam(net.parameters()), bytes_per_pack=BUCKET, shard="gradients"
+    )
+    for step in range(3):
+        _step(ref, ref_opt, step)
+        _step(net, opt, step)
+        for a, b in zip(net.parameters(), ref.parameters(), strict=True):  # no wait needed
+            assert _rel(a.detach(), b.detach()) <= 1e-6
