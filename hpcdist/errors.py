@@ -508,6 +508,7 @@ __all__ += [
     "InvalidDeviceError",
     "TooFewGPUsError",
     "BenchmarkError",
+    "ShardingError",
 ]
 
 

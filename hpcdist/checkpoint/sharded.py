@@ -38,6 +38,7 @@ import numpy as np
 
 from hpcdist.distribute.sharding import FlatShardLayout, Segment, overlaps
 from hpcdist.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
+from hpcdist.optimizers import sharded as zero
 from hpcdist.runtime.atomic import atomic_write
 
 FORMAT = "hpcdist-sharded-checkpoint"
@@ -224,8 +225,6 @@ def save_optimizer(directory: str, optimizer: Any, meta: dict | None = None) -> 
 
     Example: ``hd.checkpoint.sharded.save_optimizer("ckpt/5", model.optimizer)``.
     """
-    from hpcdist.optimizers import sharded as zero  # (optimizers is below checkpoint)
-
     step = np.int64(optimizer._step())
     for group, state in zero.states(optimizer):
         flat = group.params[0].flat
@@ -242,8 +241,6 @@ def load_optimizer(directory: str, optimizer: Any) -> None:
     The optimizer must be built (``optimizer.build(variables)``) under a
     sharded strategy; the variables and slots get the saved values, bit for bit.
     """
-    from hpcdist.optimizers import sharded as zero  # (optimizers is below checkpoint)
-
     step = None
     for group, state in zero.states(optimizer):
         where = os.path.join(directory, np.dtype(group.dtype).name)
@@ -277,8 +274,6 @@ def consolidated_slots(optimizer: Any) -> dict[str, list[np.ndarray]]:
     Returns ``{slot name: [one array per variable, in creation order]}``, the
     values the unsharded optimizer's slot variables would hold.
     """
-    from hpcdist.optimizers import sharded as zero  # (optimizers is below checkpoint)
-
     out: dict[str, list[np.ndarray]] = {}
     per_var: dict[int, dict[str, np.ndarray]] = {}
     for group, state in zero.states(optimizer):

@@ -94,12 +94,10 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     if bytes_per_pack is not None and int(bytes_per_pack) <= 0:
         raise ValueError(f"bytes_per_pack is {bytes_per_pack!r}; expected a positive int or None")
     stage = check_sharding(shard)
-    if stage is not None:
-        from hpcdist.torch import sharded  # (it imports this module)
-
+    if stage is not None:  # hpcdist.torch.sharded (registered below, imported by the package)
         args = (model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
                 int(backward_passes_per_step), overlap, timeout_seconds)
-        return sharded.wrap(optimizer, args, stage, model)
+        return _SHARDED[0](optimizer, args, stage, model)
     cls = type(f"Distributed{type(optimizer).__name__}", (_Distributed, type(optimizer)), {})
     wrapped: _Distributed = object.__new__(cls)
     wrapped.__dict__ = optimizer.__dict__  # one optimizer, two views of it
@@ -108,6 +106,15 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
         int(backward_passes_per_step), overlap, timeout_seconds,
     )
     return wrapped
+
+
+_SHARDED: list[Callable[..., torch.optim.Optimizer]] = []
+
+
+def register_sharded(wrap: Callable[..., Any]) -> Callable[..., Any]:
+    """Register the ZeRO wrapper (:mod:`hpcdist.torch.sharded`, which builds on this module)."""
+    _SHARDED[:] = [wrap]
+    return wrap
 
 
 class _Distributed:

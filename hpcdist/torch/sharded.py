@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from hpcdist.arrays import import_array
@@ -43,7 +44,7 @@ from hpcdist.checkpoint import sharded as fmt
 from hpcdist.collectives import ReduceOp
 from hpcdist.distribute.sharding import FlatShardLayout, Segment
 from hpcdist.errors import ShardingError
-from hpcdist.torch.optimizer import _Bucket, _Distributed, _Reducer
+from hpcdist.torch.optimizer import _Bucket, _Distributed, _Reducer, register_sharded
 
 
 def _numpy(t: torch.Tensor) -> Any:
@@ -388,8 +389,6 @@ class _Sharded(_Distributed):
 
 def _agreed_keys(hd: ShardedReducer, keys: list[str]) -> list[str]:
     """The state keys of every rank (a rank that owns nothing has none)."""
-    import numpy as np
-
     counts = hd._engine.allreduce([np.array([len(keys)], dtype=np.int64)], ReduceOp.MAX)[0]
     if int(counts[0]) != len(keys):
         raise ShardingError(
@@ -406,6 +405,7 @@ def _brief(d: Any) -> str:
             f"{len(d.get('sizes', []))} parameters")
 
 
+@register_sharded
 def wrap(optimizer: torch.optim.Optimizer,
          reducer_args: tuple[Any, Any, int, int, bool, float | None], stage: str,
          model: torch.nn.Module | None) -> torch.optim.Optimizer:
