@@ -496,3 +496,15 @@ __all__ += [
     "TooFewGPUsError",
     "BenchmarkError",
 ]
+
+
+class TimelineError(HpcdistError, ValueError):
+    """A timeline or flight-recorder directory holds nothing hpcdist can read.
+
+    Example:
+        >>> issubclass(TimelineError, ValueError)
+        True
+    """
+
+
+__all__ += ["TimelineError"]

@@ -25,6 +25,7 @@ from hpcdist.callbacks.early_stopping import EarlyStopping
 from hpcdist.callbacks.lambda_callback import LambdaCallback, TerminateOnNaN
 from hpcdist.callbacks.learning_rate import LearningRateScheduler, ReduceLROnPlateau
 from hpcdist.callbacks.progress import ProgressBar
+from hpcdist.callbacks.step_stats import StepStats
 
 __all__ = [
     "BackupAndRestore",
@@ -38,6 +39,7 @@ __all__ = [
     "ModelCheckpoint",
     "ProgressBar",
     "ReduceLROnPlateau",
+    "StepStats",
     "TerminateOnNaN",
     "is_chief",
 ]

@@ -114,6 +114,7 @@ from hpcdist.errors import (
     CollectiveTimeoutError,
 )
 from hpcdist.kernels import pack_pieces
+from hpcdist.observe.recorder import RECORDER, engine_key, recorded
 from hpcdist.runtime import mpi, world
 
 log = logging.getLogger("hpcdist")
@@ -312,6 +313,7 @@ class Collectives:
         self._topology: Topology | None = None
         self._generation = -1  # of the process-wide default timeout the cache was built for
         self._seq = 0  # collectives run on the communicator (both modes)
+        self._flight_key = engine_key(self._size)  # names the communicator in flight records
         self._board: ArrivalBoard | None = None  # checked mode only
         self._mpi: Any = None
         self._device: DevicePath | None = None  # the device-array path, made on first use
@@ -359,6 +361,7 @@ class Collectives:
 
     # -- public operations -------------------------------------------------
 
+    @recorded
     def allreduce(
         self,
         tensors: Sequence[Any],
@@ -440,6 +443,7 @@ class Collectives:
             return results
         return [_place(r, p) for r, p in zip(results, places, strict=True)]
 
+    @recorded
     def reduce_scatter(
         self, tensor: Any, op: ReduceOp | str, options: CommunicationOptions | None = None
     ) -> Any:
@@ -490,6 +494,7 @@ class Collectives:
             buf = buf.view(group.dtype)
         return _place(buf.reshape(block_shape), places[0])
 
+    @recorded
     def allgather(
         self, tensor: Any, axis: int = 0, options: CommunicationOptions | None = None
     ) -> Any:
@@ -539,6 +544,7 @@ class Collectives:
             out = np.ascontiguousarray(np.moveaxis(out, 0, axis))
         return _place(out, place)
 
+    @recorded
     def allgather_list(
         self, tensors: Sequence[np.ndarray], axis: int = 0,
         options: CommunicationOptions | None = None,
@@ -631,6 +637,7 @@ class Collectives:
             out.append(piece.reshape((int(rows[:, t].sum()), *m.shape[1:])))
         return out
 
+    @recorded
     def broadcast(
         self, tensors: Sequence[Any], root: int = 0, options: CommunicationOptions | None = None
     ) -> list[Any]:
@@ -673,6 +680,7 @@ class Collectives:
             )
         return [_place(r, p) for r, p in zip(results, places, strict=True)]
 
+    @recorded
     def barrier(self, options: CommunicationOptions | None = None) -> None:
         """Wait until every rank has reached this barrier.
 
@@ -1002,6 +1010,8 @@ class Collectives:
         if self._pending is not None:
             self._check_pending(None)  # refused calls are not counted
         self._seq += 1
+        if RECORDER.on:  # the flight recorder (closed by @recorded when the call returns)
+            RECORDER.begin(self._flight_key, self._seq, layout, self.last_algorithm)
         timeout = opts.timeout_seconds
         if timeout is None:
             return None
