@@ -209,7 +209,9 @@ def read_dumps(directory: str) -> list[dict[str, Any]]:
 def divergence(dumps: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first collective where the ranks' records disagree or someone did not arrive.
 
-    Returns ``{"comm", "seq", "kind" ("mismatch" | "not arrived"), "missing",
+    Where the dumps agree but some call never completed (ranks without a dump
+    are then the ones to suspect), the kind is ``"not completed"``.
+    Returns ``{"comm", "seq", "kind" ("mismatch" | "not arrived" | "not completed"), "missing",
     "calls": {rank: description or None}, "ranks_without_dump"}``, or ``None``
     when every rank recorded the same calls. Example: see the module docstring.
     """
@@ -235,6 +237,17 @@ def divergence(dumps: list[dict[str, Any]]) -> dict[str, Any] | None:
                     "kind": "mismatch" if len(texts) > 1 else "not arrived",
                 })
                 break
+    if not found:  # the ranks with dumps agree: the first call one of them never finished
+        for comm, ranks in by_comm.items():
+            open_calls = [(seq, r) for r, recs in ranks.items() for seq, rec in recs.items()
+                          if not rec.get("done")]
+            if open_calls:
+                seq = min(open_calls)[0]
+                found.append({
+                    "comm": comm, "seq": seq, "missing": [], "kind": "not completed",
+                    "calls": {r: (recs[seq]["what"] if seq in recs else None)
+                              for r, recs in ranks.items()},
+                })
     if not found:
         return None
     first = min(found, key=lambda f: (f["kind"] != "mismatch", f["seq"]))
@@ -259,7 +272,11 @@ def format_divergence(dumps: list[dict[str, Any]], found: dict[str, Any] | None)
     for rank, what in sorted(found["calls"].items()):
         lines.append(f"  rank {rank}: {what if what is not None else '-- no record --'}")
     if found["ranks_without_dump"]:
-        lines.append(f"  no dump from rank {', '.join(map(str, found['ranks_without_dump']))}")
+        lines.append(f"  no dump from rank {', '.join(map(str, found['ranks_without_dump']))} "
+                     "(it never reached the error: ended, or killed while busy elsewhere)")
+    for d in dumps:
+        if d.get("reason", "").startswith("Collective"):
+            lines.append(f"  rank {d['rank']} reported: {d['reason']}")
     return "\n".join(lines)
 
 

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 from hpcdist.errors import CollectiveMismatchError, CollectiveTimeoutError
 from hpcdist.observe import timeline
+from hpcdist.observe.timeline import describe
 
 SIZE_VAR = "HPCDIST_FLIGHT_RECORDS"
 DIR_VAR = "HPCDIST_FLIGHT_DIR"
@@ -100,13 +101,14 @@ class FlightRecorder:
     Example: ``rec = FlightRecorder(8); rec.begin("0/2", 1, "barrier()", 0, None); rec.end()``.
     """
 
-    __slots__ = ("capacity", "on", "rank", "size", "_slots", "_next", "_open")
+    __slots__ = ("capacity", "on", "rank", "size", "last_dump", "_slots", "_next", "_open")
 
     def __init__(self, capacity: int = DEFAULT_SIZE) -> None:
         self.capacity = int(capacity)
         self.on = True
         self.rank: int | None = None
         self.size: int | None = None
+        self.last_dump: str | None = None  # the path of the last dump this process wrote
         # Each record: [comm, seq, what, bytes, algorithm, start, end (0.0: open)].
         self._slots: list[list[Any] | None] = [None] * self.capacity
         self._next = 0
@@ -168,6 +170,7 @@ class FlightRecorder:
         with open(tmp, "w") as f:
             json.dump(data, f, indent=1)
         os.replace(tmp, path)
+        self.last_dump = path
         return path
 
     def failed(self, err: BaseException) -> None:
@@ -178,25 +181,12 @@ class FlightRecorder:
         if getattr(err, "flight_record", None):
             return
         try:
-            path = self.dump(f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
+            path = self.dump(f"{type(err).__name__}: {str(err).splitlines()[0][:2000]}")
         except OSError as exc:
             path = f"(not written: {exc})"
         err.flight_record = path  # type: ignore[attr-defined]
         if err.args and isinstance(err.args[0], str):
             err.args = (f"{err.args[0]} [flight recorder: {path}]", *err.args[1:])
-
-
-def describe(call: Any) -> tuple[str, int]:
-    """The description and byte count of a record's ``call`` (a string or an engine layout).
-
-    Example: ``describe("barrier()") == ("barrier()", 0)``.
-    """
-    if isinstance(call, str):
-        return call, 0
-    nbytes = getattr(call, "nbytes", None)
-    if nbytes is None:
-        nbytes = getattr(call, "total", 0)
-    return str(call.text), int(nbytes)
 
 
 def _rank_from_env() -> int:
@@ -239,6 +229,8 @@ def dump_now(reason: str) -> str | None:
     """
     if RECORDER._open is None and not any(RECORDER._slots):
         return None
+    if reason == "abort" and RECORDER.last_dump is not None:
+        return RECORDER.last_dump  # the error's own dump (with its reason) says it all
     try:
         return RECORDER.dump(reason)
     except OSError:

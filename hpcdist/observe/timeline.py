@@ -250,11 +250,23 @@ def instant(name: str, track: str, args: dict[str, Any] | None = None) -> None:
     _emit(event)
 
 
+def describe(call: Any) -> tuple[str, int]:
+    """The description and byte count of a record's ``call`` (a string or an engine layout).
+
+    Example: ``describe("barrier()") == ("barrier()", 0)``.
+    """
+    if isinstance(call, str):
+        return call, 0
+    nbytes: Any = getattr(call, "nbytes", None)
+    if nbytes is None:
+        nbytes = getattr(call, "total", 0)
+    return str(call.text), int(nbytes or 0)
+
+
 def collective(entry: list[Any]) -> None:
     """Write a collective from its (closed) flight-recorder entry."""
     comm, seq, call, algorithm, t0, t1 = entry
-    what = call if isinstance(call, str) else call.text
-    nbytes = 0 if isinstance(call, str) else getattr(call, "nbytes", getattr(call, "total", 0))
+    what, nbytes = describe(call)
     complete(what.split("(", 1)[0], "collectives", t0, t1, {
         "comm": comm, "seq": seq, "bytes": nbytes, "algorithm": algorithm, "what": what,
     })
