@@ -134,16 +134,20 @@ def remove_sink(sink: list[dict[str, Any]]) -> None:
 def estimate_offset(comm: Any, rounds: int = 8) -> float:
     """Seconds to add to this rank's ``perf_counter`` to read rank 0's clock (collective).
 
-    After a barrier, rank 0 exchanges ``rounds`` ping-pongs with each rank in
-    turn; each rank keeps the round with the shortest round trip (the one
-    least disturbed by scheduling) and takes rank 0's reading minus the
-    midpoint of its own two. Example: ``estimate_offset(comm)``.
+    Ranks all on one host share the clock (offset 0). Otherwise, after a
+    barrier, rank 0 exchanges ``rounds`` ping-pongs with each rank in turn;
+    each rank keeps the round with the shortest round trip (the one least
+    disturbed by scheduling) and takes rank 0's reading minus the midpoint
+    of its own two. Example: ``estimate_offset(comm)``.
     """
     if comm is None or comm.Get_size() == 1:
         return 0.0
     import numpy as np  # lazy: keeps this module stdlib-only until a timeline starts
 
     rank, size = comm.Get_rank(), comm.Get_size()
+    host = socket.gethostname()
+    if all(h == host for h in comm.allgather(host)):
+        return 0.0  # one host: CLOCK_MONOTONIC (perf_counter) is the same clock for all
     buf = np.zeros(1, np.float64)
     best, offset = float("inf"), 0.0
     comm.Barrier()
@@ -270,6 +274,15 @@ def collective(entry: list[Any]) -> None:
     complete(what.split("(", 1)[0], "collectives", t0, t1, {
         "comm": comm, "seq": seq, "bytes": nbytes, "algorithm": algorithm, "what": what,
     })
+
+
+def bucket_progress(index: int, waiting: int, size: int) -> None:
+    """An adapter bucket's gradients arriving: ``hook fired`` at its first, ``bucket ready``
+    when none is ``waiting`` any more. Example: ``bucket_progress(0, 0, 12)``."""
+    if waiting == size - 1:
+        instant("hook fired", "buckets", {"bucket": index})
+    if waiting == 0:
+        instant("bucket ready", "buckets", {"bucket": index})
 
 
 @contextmanager

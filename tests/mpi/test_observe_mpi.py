@@ -45,6 +45,7 @@ def test_a_rank_that_sleeps_before_every_allreduce_is_named_the_straggler():
     engine = Collectives()
     path = _shared_dir()
     x = [np.ones(1000, np.float32)]
+    engine.allreduce(x, "SUM")  # the engine's set-up (collective) before the timeline
     with hd.experimental.timeline(path):
         for _ in range(8):
             if w.rank == slow:
@@ -53,7 +54,7 @@ def test_a_rank_that_sleeps_before_every_allreduce_is_named_the_straggler():
     w.comm.Barrier()
     if w.rank == 0:
         report = analysis.report_directory(path)
-        assert report["stragglers"] == [slow], report
+        assert report["stragglers"] == [slow], json.dumps(report, indent=1)
         rows = report["ranks"]
         assert set(rows) == set(range(w.size))
         # Each fast rank waited about DELAY per call; the slow one hardly at all.
@@ -129,8 +130,11 @@ def test_fit_phases_and_step_stats():
     path = _shared_dir()
     with hd.experimental.timeline(path):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[stats])
+        hd.train.Checkpoint(model=model).write(f"{path}/ckpt/final")
     w.comm.Barrier()
     if w.rank == 0:
+        events = merge.read_rank_file(f"{path}/rank-00000.json")
+        assert [e["name"] for e in events if e.get("cat") == "checkpoint"] == ["checkpoint write"]
         report = analysis.report_directory(path)
         for rank, row in report["ranks"].items():
             assert row["steps"] == 8, (rank, row)
@@ -173,4 +177,28 @@ def test_one_rank_skipping_a_collective_shows_in_every_ranks_flight_dump(monkeyp
         assert "float32(3,)" in found["calls"][0] and "float32(4,)" in found["calls"][skipper]
         text = analysis.format_divergence(dumps, found)
         assert f"first divergence: collective #{found['seq']}" in text, text
+    _cleanup(path)
+
+
+def test_torch_buckets_show_hook_ready_and_reduced():
+    torch = pytest.importorskip("torch")
+    import hpcdist.torch as hdt
+
+    w = world()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = hdt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                   bytes_per_pack=256)
+    path = _shared_dir()
+    with hd.experimental.timeline(path):
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.ones(4, 8)).sum().backward()
+            opt.step()
+    w.comm.Barrier()
+    if w.rank == 0:
+        events = merge.read_rank_file(f"{path}/rank-00000.json")
+        names = [e["name"] for e in events if e.get("cat") == "buckets"]
+        assert names.count("reduced") >= 2 and names.count("bucket ready") == names.count("reduced")
+        assert names.count("hook fired") == names.count("reduced"), names
     _cleanup(path)
