@@ -43,8 +43,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 ENV_VAR = "HPCDIST_TIMELINE"
@@ -285,13 +283,19 @@ def bucket_progress(index: int, waiting: int, size: int) -> None:
         instant("bucket ready", "buckets", {"bucket": index})
 
 
-@contextmanager
-def _span(name: str, track: str, args: dict[str, Any] | None) -> Iterator[None]:
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        complete(name, track, t0, time.perf_counter(), args)
+class _Span:
+    """A timed block: written as one event when it ends."""
+
+    __slots__ = ("name", "track", "args", "t0")
+
+    def __init__(self, name: str, track: str, args: dict[str, Any] | None) -> None:
+        self.name, self.track, self.args = name, track, args
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        complete(self.name, self.track, self.t0, time.perf_counter(), self.args)
 
 
 class _Off:
@@ -314,4 +318,4 @@ def span(name: str, track: str = "phases", args: dict[str, Any] | None = None) -
     """
     if not active:
         return _OFF
-    return _span(name, track, args)
+    return _Span(name, track, args)
