@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
+import sys
 import tempfile
 import time
 
@@ -21,6 +23,7 @@ import numpy as np
 from common import save_report
 
 import hpcdist as hd
+from hpcdist.bench.report import save_report as save_report_in
 from hpcdist.collectives import Collectives
 from hpcdist.observe import analysis
 from hpcdist.runtime import world
@@ -31,11 +34,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--delay", type=float, default=0.020)
     parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--name", default="straggler", help="results file name")
+    parser.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args()
     w = world()
     engine = Collectives()
     x = [np.ones(1000, np.float32)]
     engine.allreduce(x, "SUM")
+    hosts = sorted(set(w.comm.allgather(socket.gethostname())))
     runs = []
     for run in range(args.runs):
         slow = run % w.size
@@ -58,13 +64,18 @@ def main() -> None:
     if w.rank == 0:
         ok = sum(r["ok"] for r in runs)
         print(f"straggler named correctly in {ok} of {len(runs)} runs")
-        save_report("straggler", {
+        result = {
             "ranks": w.size, "virtual_nodes": int(os.environ.get("HPCDIST_VIRTUAL_NODES", "1")),
             "delay_s": args.delay, "calls_per_run": args.calls, "runs": runs,
             "named_correctly": ok, "target": f"{len(runs)} of {len(runs)}",
             "met": ok == len(runs),
-            "command": "HPCDIST_VIRTUAL_NODES=2 mpirun -n 4 python benchmarks/straggler.py",
-        })
+            "hosts": hosts,
+            "command": " ".join(sys.argv),
+        }
+        if args.out:
+            save_report_in(args.name, result, args.out)
+        else:
+            save_report(args.name, result)
 
 
 if __name__ == "__main__":

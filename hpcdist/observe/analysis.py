@@ -89,8 +89,8 @@ def step_report(events: list[dict[str, Any]]) -> dict[str, Any]:
     return {"ranks": ranks, "stragglers": stragglers(ranks), "collectives": len(groups)}
 
 
-def stragglers(ranks: dict[int, dict[str, Any]], share: float = 0.5) -> list[int]:
-    """The ranks the others waited on most: blame at least ``share`` of the largest blame,
+def stragglers(ranks: dict[int, dict[str, Any]], share: float = 0.67) -> list[int]:
+    """The ranks the others waited on most: blame at least ``share`` (2/3) of the largest,
     and that largest well above an even spread (else none: nobody stands out).
 
     Example: ``stragglers({0: {"blame_ms": 1.0}, 1: {"blame_ms": 90.0}})`` is ``[1]``.
