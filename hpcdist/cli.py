@@ -6,7 +6,12 @@ scheduler, the MPI library, its thread level and CUDA-awareness, and the
 versions of CuPy, NCCL and Numba. ``--json`` prints the same as JSON.
 
 ``hpcdist bench NAME [options]`` runs a benchmark of :mod:`hpcdist.bench`
-(``allreduce``); ``hpcdist bench allreduce --help`` lists its options.
+(``allreduce``, ``strategy``, ``train``, and ``report`` for a scaling table);
+``hpcdist bench allreduce --help`` lists its options.
+
+``hpcdist timeline merge DIR -o run.json`` merges the ranks' timeline files into
+one Chrome trace; ``hpcdist timeline report DIR`` prints the step and straggler
+report and the flight-recorder divergence (:mod:`hpcdist.observe`).
 
 Example:
     mpirun -n 4 hpcdist info

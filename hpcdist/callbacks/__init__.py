@@ -4,7 +4,8 @@
 per-epoch logs, returned by ``fit``), ``ProgressBar`` (tqdm bar and epoch lines on the chief),
 ``CSVLogger``, ``ModelCheckpoint`` (weights only), ``EarlyStopping``, ``BackupAndRestore``
 (resume an interrupted ``fit`` exactly, and save on preemption signals),
-``LearningRateScheduler``, ``ReduceLROnPlateau``, ``TerminateOnNaN`` and ``LambdaCallback``.
+``LearningRateScheduler``, ``ReduceLROnPlateau``, ``TerminateOnNaN``, ``LambdaCallback`` and
+``StepStats`` (per-rank step times and the straggler, per epoch).
 Files are written and lines printed by the chief worker only; every worker takes the same
 decisions.
 
