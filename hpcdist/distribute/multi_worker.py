@@ -203,14 +203,15 @@ class MultiWorkerMirroredStrategy(Strategy):
             [Device(None, None, None, d.device_type, d.index) for d in local], job=job, task=task
         )
         extended = StrategyExtended(
+            self,
             local,
             worker_index=worker,
             num_workers=w.size,
             collectives=Collectives(comm, options),
             between_graph=True,
+            cluster_resolver=resolver,
+            communication_options=options,
         )
-        extended._cluster_resolver = resolver
-        extended._communication_options = options
         super().__init__(extended)
 
     @classmethod

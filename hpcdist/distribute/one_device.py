@@ -30,7 +30,7 @@ class OneDeviceStrategy(Strategy):
             raise TypeError(f"device must be a device string such as '/cpu:0', got {device!r}")
         check_single_process(type(self).__name__)
         devices = check_devices_exist([parse_device(device)])
-        super().__init__(StrategyExtended(devices, distributed_variables=False))
+        super().__init__(StrategyExtended(self, devices, distributed_variables=False))
 
     def __repr__(self) -> str:
         return f"<OneDeviceStrategy device={self._extended._devices[0].short}>"

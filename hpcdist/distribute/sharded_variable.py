@@ -275,7 +275,7 @@ class ShardedVariable(NDArrayOperatorsMixin):
         """The full value (same as :meth:`value`)."""
         return self.value()
 
-    def _read(self) -> Any:
+    def raw_value(self) -> Any:
         return self.value()
 
     def numpy(self) -> np.ndarray:

@@ -109,7 +109,6 @@ class Strategy:
 
     def __init__(self, extended: Any) -> None:
         self._extended = extended
-        extended._strategy = self
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -125,7 +124,7 @@ class Strategy:
     @property
     def cluster_resolver(self) -> ClusterResolver | None:
         """The cluster resolver of a multi-worker strategy, else ``None``."""
-        return getattr(self._extended, "_cluster_resolver", None)
+        return self._extended.cluster_resolver
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} replicas={self.num_replicas_in_sync}>"

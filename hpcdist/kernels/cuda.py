@@ -208,7 +208,7 @@ def _is_device_array(x: Any) -> bool:
     return hasattr(x, "__cuda_array_interface__")
 
 
-def _as_device(x: Any, what: str) -> Any:
+def as_device(x: Any, what: str) -> Any:
     """A Numba device array for ``x`` (itself, or a zero-copy view of a CuPy array)."""
     if not _is_device_array(x):
         raise TypeError(
@@ -227,7 +227,7 @@ def _address(x: Any) -> int:
     return int(x.__cuda_array_interface__["data"][0])
 
 
-def _is_c_contiguous(x: Any) -> bool:
+def is_c_contiguous(x: Any) -> bool:
     if simulator_enabled():
         return bool(x._ary.flags.c_contiguous)
     strides = x.__cuda_array_interface__.get("strides")
@@ -241,7 +241,7 @@ def _is_c_contiguous(x: Any) -> bool:
     return True
 
 
-def _launch_config(n: int) -> tuple[int, int]:
+def launch_config(n: int) -> tuple[int, int]:
     """(blocks, threads) for a grid-stride loop over ``n`` elements."""
     if simulator_enabled():
         threads, max_blocks = 16, 2  # every simulated thread is a Python thread
@@ -288,7 +288,7 @@ def tensor_table(tensors: Sequence[Any], stream: Any = 0) -> TensorTable:
 
     Example: ``table = tensor_table(grads)`` then ``pack_cuda(table, flat)``.
     """
-    arrays = tuple(_as_device(t, f"tensor {i}") for i, t in enumerate(tensors))
+    arrays = tuple(as_device(t, f"tensor {i}") for i, t in enumerate(tensors))
     if not arrays:
         raise ValueError("tensor_table: no tensors; expected at least one device array")
     dtype = np.dtype(arrays[0].dtype)
@@ -298,7 +298,7 @@ def tensor_table(tensors: Sequence[Any], stream: Any = 0) -> TensorTable:
                 f"tensor_table: tensor {i} is {np.dtype(a.dtype)} but tensor 0 is {dtype}; "
                 "put tensors of one dtype in one bucket"
             )
-        if not _is_c_contiguous(a):
+        if not is_c_contiguous(a):
             raise ValueError(
                 f"tensor_table: tensor {i} of shape {tuple(a.shape)} is not C-contiguous; "
                 "pass a contiguous copy"
@@ -324,7 +324,7 @@ def tensor_table(tensors: Sequence[Any], stream: Any = 0) -> TensorTable:
 
 def _table_and_flat(tensors: Any, flat: Any, what: str, stream: Any) -> tuple[TensorTable, Any]:
     table = tensors if isinstance(tensors, TensorTable) else tensor_table(tensors, stream)
-    flat = _as_device(flat, f"{what}: flat")
+    flat = as_device(flat, f"{what}: flat")
     if len(flat.shape) != 1 or np.dtype(flat.dtype) != table.dtype:
         raise TypeError(
             f"{what}: flat is {np.dtype(flat.dtype)} of shape {tuple(flat.shape)}; expected a "
@@ -351,7 +351,7 @@ def pack_cuda(
     table, flat = _table_and_flat(tensors, flat, "pack_cuda", stream)
     scale_value, use_scale = _scale_args(scale, table.dtype, "pack_cuda")
     if table.total:
-        blocks, threads = _launch_config(table.total)
+        blocks, threads = launch_config(table.total)
         _pack_kernel[blocks, threads, stream](
             flat, table.addrs, table.offsets, table.total, scale_value, use_scale
         )
@@ -370,7 +370,7 @@ def unpack_cuda(
     table, flat = _table_and_flat(tensors, flat, "unpack_cuda", stream)
     scale_value, use_scale = _scale_args(scale, table.dtype, "unpack_cuda")
     if table.total:
-        blocks, threads = _launch_config(table.total)
+        blocks, threads = launch_config(table.total)
         _unpack_kernel[blocks, threads, stream](
             flat, table.addrs, table.offsets, table.total, scale_value, use_scale
         )
@@ -395,8 +395,8 @@ def reduce_slots_cuda(
 
     Example: ``reduce_slots_cuda(window, 0, m, window[0], 0, SUM, 1)``.
     """
-    slots = _as_device(slots, "reduce_slots_cuda: slots")
-    out = _as_device(out, "reduce_slots_cuda: out")
+    slots = as_device(slots, "reduce_slots_cuda: slots")
+    out = as_device(out, "reduce_slots_cuda: out")
     dtype = np.dtype(slots.dtype)
     if len(slots.shape) != 2 or len(out.shape) != 1 or np.dtype(out.dtype) != dtype:
         raise TypeError(
@@ -433,7 +433,7 @@ def reduce_slots_cuda(
     if count == 0:
         return
     acc = _acc_dtype(dtype)
-    blocks, threads = _launch_config(count)
+    blocks, threads = launch_config(count)
     _reduce_kernel[blocks, threads, stream](
         slots, lo, count, out, out_lo, op, acc.type(max(divisor, 1)), acc.type(0)
     )

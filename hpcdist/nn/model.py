@@ -321,7 +321,7 @@ class Model:
         variables = self.trainable_variables
         if not variables:
             return None
-        arrays = [v._read() for v in variables]
+        arrays = [v.raw_value() for v in variables]
         dtype = arrays[0].dtype
         if any(a.dtype != dtype for a in arrays):
             return None
@@ -388,7 +388,7 @@ class Model:
         position = {id(v): i for i, v in enumerate(self.trainable_variables)}
         total = 0.0
         for var, reg in terms:
-            w = var._read()
+            w = var.raw_value()
             total += float(to_host(reg(w)))
             i = position.get(id(var))
             if grads is None or i is None:
@@ -426,7 +426,7 @@ class Model:
 
         Example: ``snapshot = model.get_weights(); ...; model.set_weights(snapshot)``.
         """
-        return [np.array(to_host(v._read()), copy=True) for v in self.weights]
+        return [np.array(to_host(v.raw_value()), copy=True) for v in self.weights]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Assign ``weights`` (as from :meth:`get_weights`) to every replica's copy.
@@ -444,7 +444,7 @@ class Model:
                 f"set_weights got {len(weights)} arrays, but model {self.name!r} has "
                 f"{len(variables)} weights ({', '.join(v.name for v in variables)})"
             )
-        values = [asarray(w._read() if isinstance(w, Variable) else w) for w in weights]
+        values = [asarray(w.raw_value() if isinstance(w, Variable) else w) for w in weights]
         for v, w in zip(variables, values, strict=True):
             if tuple(w.shape) != tuple(v.shape):
                 raise ValueError(
@@ -500,7 +500,7 @@ class Model:
         arrays = {}
         for v in variables:
             source = v.values[0] if isinstance(v, DistributedVariable) else v
-            arrays[v.name] = to_host(source._read())
+            arrays[v.name] = to_host(source.raw_value())
         path = os.fspath(filepath)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         header = {_FORMAT_KEY: np.array(_FORMAT), _NAMES_KEY: np.array(names, dtype=str)}

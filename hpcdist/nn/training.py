@@ -245,7 +245,7 @@ class Trainer:
             drawn = int(np.random.randint(2**31 - 1))
         seed = np.array([drawn], dtype=np.int64)
         ext = self.distribute_strategy.extended
-        return int(to_host(ext._broadcast_initial_value(seed))[0])
+        return int(to_host(ext.broadcast_initial_value(seed))[0])
 
     def _callbacks(self, callbacks: Any, verbose: int, epochs: int, steps: int | None) -> Any:
         return CallbackList(
@@ -307,7 +307,7 @@ class Trainer:
         cbs = self._callbacks(callbacks, verbose, epochs, steps)
         backup = find_backup(cbs)
         state = FitState(seed, self._distributed(dataset))
-        if backup is not None and backup._begin(self, state):  # resume where the backup is
+        if backup is not None and backup.begin_fit(self, state):  # resume where the backup is
             initial_epoch = state.epoch
             if state.seed != seed:  # the backup's shuffle order, not this run's new seed
                 state.dist = self._distributed(batches(state.seed)[0])
@@ -318,7 +318,7 @@ class Trainer:
                                     steps_per_epoch)  # fmt: skip
         finally:
             if backup is not None:
-                backup._end()
+                backup.end_fit()
 
     def _fit_epochs(
         self, state: FitState, cbs: Any, backup: Any, validation: tuple[Any, int | None],
@@ -341,7 +341,7 @@ class Trainer:
             ran_out = False
             while steps_per_epoch is None or step < steps_per_epoch:
                 if backup is not None:
-                    backup._check_preemption()  # may save here and exit on every worker
+                    backup.check_preemption()  # may save here and exit on every worker
                 try:
                     batch = next(it)
                 except StopIteration:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.adam import _positive
+from hpcdist.optimizers.adam import check_positive
 from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 
 
@@ -60,7 +60,7 @@ class Adagrad(Optimizer):
                 f"initial_accumulator_value must be >= 0, got {initial_accumulator_value!r}"
             )
         self.initial_accumulator_value = initial
-        self.epsilon = _positive("epsilon", epsilon)
+        self.epsilon = check_positive("epsilon", epsilon)
 
     def _slot_names(self) -> tuple[str, ...]:
         return ("accumulator",)

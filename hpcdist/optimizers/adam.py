@@ -27,7 +27,7 @@ from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
 
-def _positive(name: str, value: Any) -> float:
+def check_positive(name: str, value: Any) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -68,7 +68,7 @@ class Adam(Optimizer):
         )
         self.beta_1 = check_fraction("beta_1", beta_1)
         self.beta_2 = check_fraction("beta_2", beta_2)
-        self.epsilon = _positive("epsilon", epsilon)
+        self.epsilon = check_positive("epsilon", epsilon)
         self.amsgrad = bool(amsgrad)
 
     def _slot_names(self) -> tuple[str, ...]:

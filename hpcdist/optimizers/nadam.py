@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.adam import _positive
+from hpcdist.optimizers.adam import check_positive
 from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
@@ -72,7 +72,7 @@ class Nadam(Optimizer):
         )
         self.beta_1 = check_fraction("beta_1", beta_1)
         self.beta_2 = check_fraction("beta_2", beta_2)
-        self.epsilon = _positive("epsilon", epsilon)
+        self.epsilon = check_positive("epsilon", epsilon)
         self._product = (0, 1.0)  # (t, u_1 ... u_t): extended step by step
 
     def _slot_names(self) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.adam import _positive
+from hpcdist.optimizers.adam import check_positive
 from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
@@ -61,7 +61,7 @@ class RMSprop(Optimizer):
         )
         self.rho = check_fraction("rho", rho)
         self.momentum = check_fraction("momentum", momentum)
-        self.epsilon = _positive("epsilon", epsilon)
+        self.epsilon = check_positive("epsilon", epsilon)
         self.centered = bool(centered)
 
     def _slot_names(self) -> tuple[str, ...]:

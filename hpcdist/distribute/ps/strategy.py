@@ -80,18 +80,24 @@ class ParameterServerExtended(StrategyExtended):
 
     def __init__(
         self,
+        strategy: Any,
         roles: PSRoles,
         devices: Sequence[Device],
         partitioner: Any,
         ps_comm: Any,
         coordination_comm: Any,
+        *,
+        client: PSClient,
+        cluster_resolver: ClusterResolver,
     ) -> None:
-        super().__init__(devices, num_workers=1, between_graph=True)
+        super().__init__(
+            strategy, devices, num_workers=1, between_graph=True, cluster_resolver=cluster_resolver
+        )
         self._roles = roles
         self._ps_comm = ps_comm
         self._coordination_comm = coordination_comm
         self._partitioner = partitioner
-        self._client: Any = None
+        self._client = client
         self._next_id = itertools.count()
         self._next_optimizer_id = itertools.count()
         self._run_token: int | None = None
@@ -100,7 +106,6 @@ class ParameterServerExtended(StrategyExtended):
         self._colocate_ps: int | None = None
         self._global_step_var: Any = None
         self._closed = False
-        self._cluster_resolver: ClusterResolver | None = None
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -162,13 +167,13 @@ class ParameterServerExtended(StrategyExtended):
             return self._colocate_ps
         return var_id % self._num_ps
 
-    def _create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
+    def create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
         """A PSVariable (or a ShardedVariable of them); sync-on-read variables stay local."""
         self._check_open()
         if spec["synchronization"] is vs.VariableSynchronization.ON_READ:
-            return super()._create_variable(initial_value, dtype, shape, spec)
+            return super().create_variable(initial_value, dtype, shape, spec)
         if spec["synchronization"] is vs.VariableSynchronization.NONE:
-            return super()._create_variable(initial_value, dtype, shape, spec)  # raises
+            return super().create_variable(initial_value, dtype, shape, spec)  # raises
         value = np.array(to_host(vs.initial_array(initial_value, dtype, shape)), order="C")
         shards = self._num_shards(value)
         if shards <= 1:
@@ -224,16 +229,6 @@ class ParameterServerExtended(StrategyExtended):
 
     # -- the public interface of the ps updates (remote_updates) ---------------------------
     @property
-    def strategy(self) -> Any:
-        """The :class:`ParameterServerStrategy` this extended API belongs to."""
-        return self._strategy
-
-    @property
-    def num_local_replicas(self) -> int:
-        """How many replicas this task runs."""
-        return self._num_local_replicas
-
-    @property
     def ps_client(self) -> Any:
         """The :class:`~hpcdist.distribute.ps.client.PSClient` that talks to the ps tasks."""
         return self._client
@@ -243,7 +238,7 @@ class ParameterServerExtended(StrategyExtended):
 
         ``spec``: ``name``, ``trainable``, ``synchronization``, ``aggregation``.
         """
-        return self._create_variable(initial_value, None, None, spec)
+        return self.create_variable(initial_value, None, None, spec)
 
     def register_optimizer(self, optimizer: Any) -> int:
         """The id of ``optimizer`` on the ps (registered with every ps on first use)."""
@@ -331,19 +326,24 @@ class ParameterServerStrategy(Strategy):
             job=roles.task_type,
             task=roles.task_id,
         )
-        extended = ParameterServerExtended(
-            roles, local, variable_partitioner, ps_comm, coordination_comm
-        )
         initializer = roles.is_chief or (roles.chief_rank is None and roles.worker_index == 0)
-        extended._client = PSClient(ps_comm, roles.ps_ranks, initializer=initializer)
-        extended._cluster_resolver = resolver
+        extended = ParameterServerExtended(
+            self,
+            roles,
+            local,
+            variable_partitioner,
+            ps_comm,
+            coordination_comm,
+            client=PSClient(ps_comm, roles.ps_ranks, initializer=initializer),
+            cluster_resolver=resolver,
+        )
         super().__init__(extended)
         atexit.register(extended._shutdown)
 
     @property
     def cluster_resolver(self) -> ClusterResolver:
         """The cluster resolver the roles came from."""
-        return getattr(self, "_cluster_resolver", None) or self._extended._cluster_resolver
+        return getattr(self, "_cluster_resolver", None) or self._extended.cluster_resolver
 
     @property
     def extended(self) -> Any:
