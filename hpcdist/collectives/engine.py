@@ -107,7 +107,7 @@ from hpcdist.collectives.options import (
 from hpcdist.collectives.options import Default as _DefaultTimeout
 from hpcdist.collectives.registry import Where, generation, pick
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
-from hpcdist.collectives.shm_backend import Mismatch, NodePlan, check_plan, run_node_plan
+from hpcdist.collectives.shm_backend import NodePlan, _Mismatch, check_plan, run_node_plan
 from hpcdist.errors import (
     CollectiveMismatchError,
     CollectiveStallWarning,
@@ -909,7 +909,7 @@ class Collectives:
             plan, watch = self._finishing(plan), sig.watch
         try:
             return run_node_plan(window, plan, opts.timeout_seconds, what or _clip(text), watch)
-        except Mismatch:
+        except _Mismatch:
             pass  # reported below, outside the handler, so the error is not chained to it
         except (CollectiveTimeoutError, CollectiveStallWarning) as err:
             self._pending = err.request

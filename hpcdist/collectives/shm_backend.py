@@ -55,7 +55,7 @@ YIELDING_S = 100e-6
 SMALL_BUCKET_BYTES = 64 * 1024
 
 
-class Mismatch(Exception):
+class _Mismatch(Exception):
     """Raised inside the backend when the node's ranks passed different calls.
 
     Private control flow: :meth:`~hpcdist.collectives.engine.Collectives.run_on_node` catches it
@@ -277,7 +277,7 @@ def allreduce_plan(
     With ``hierarchical``, node sums are combined between node leaders
     (``leaders``: their communicator on a leader, ``None`` elsewhere).
     Returns one fused wire-dtype buffer per group of ``layout``; ``divisor``
-    divides MEAN sums. Raises :class:`Mismatch` on every rank of the node
+    divides MEAN sums. Raises :class:`_Mismatch` on every rank of the node
     when their digests differ. ``first_step`` (the MPI agreement check
     between nodes) runs before anything else. ``digest`` (default: the
     layout's) is what the node barriers compare. Example: see the module docstring.
@@ -305,7 +305,7 @@ def allreduce_plan(
                 )
             agreed = yield digest
             if first and not agreed:
-                raise Mismatch(layout.text)
+                raise _Mismatch(layout.text)
             first = False
             m = bucket.hi - bucket.lo
             typed = window.slots(which, wire)
@@ -354,7 +354,7 @@ def reduce_scatter_plan(
         )
     agreed = yield (layout.digest if digest is None else digest)
     if not agreed:
-        raise Mismatch(layout.text)
+        raise _Mismatch(layout.text)
     lo, hi = bounds[me], bounds[me + 1]
     out = np.empty(hi - lo, group.wire)
     if hi > lo:
@@ -366,7 +366,7 @@ def reduce_scatter_plan(
 def check_plan(
     window: NodeWindow, digest: int, text: str, comm: Any = None, then: Plan | None = None
 ) -> NodePlan:
-    """A node barrier that checks every rank passed ``digest`` (else :class:`Mismatch`),
+    """A node barrier that checks every rank passed ``digest`` (else :class:`_Mismatch`),
     then, if given, the MPI plan ``then`` on ``comm``, whose result it returns.
 
     Example: ``run_node_plan(w, check_plan(w, h, text), None, text)``.
@@ -375,7 +375,7 @@ def check_plan(
     if not agreed:
         if then is not None:
             then.close()
-        raise Mismatch(text)
+        raise _Mismatch(text)
     if then is not None:
         return (yield MpiStep(comm, then))
     return None

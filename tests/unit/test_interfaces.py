@@ -9,7 +9,9 @@ underscore (dunders are not private).
 
 1. **Imports**: no ``from hpcdist.x.y import _name`` in another module, and a
    private module (``hpcdist.kernels._llvm``) is imported inside its own package
-   only. A name another module needs is public.
+   only. A name another module needs is public, except a private exception class
+   imported inside its own package (control flow that never reaches users: the
+   errors policy, ``tests/unit/test_errors.py``, keeps those private).
 2. **Attributes**: ``obj._name`` (``obj`` not ``self``/``cls``) in package P,
    where hpcdist defines ``_name`` (a ``def``/``class``, an assignment, a
    ``setattr``) in other packages only. A name that P defines too cannot be told
@@ -76,6 +78,16 @@ class Tree:
     def package(module: str) -> str:
         parts = module.split(".")
         return ".".join(parts[:2]) if parts[0] == "hpcdist" and len(parts) > 1 else module
+
+    def private_exceptions(self, module: str) -> set[str]:
+        """The private exception classes of ``module`` (a base named ``*Error``/``*Exception``)."""
+        found = set()
+        for node in ast.walk(self.trees[module]):
+            if isinstance(node, ast.ClassDef) and _private(node.name):
+                bases = [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
+                if any(b.endswith(("Error", "Exception")) for b in bases):
+                    found.add(node.name)
+        return found
 
     def is_package_init(self, module: str) -> bool:
         return module in self.modules and self.modules[module].name == "__init__.py"
@@ -147,6 +159,9 @@ def violations(root: Path) -> Iterator[tuple[str, str, str, str]]:
                     if private_module and tree.package(imported) != package:
                         yield where, package, imported, f"imports the private module {imported}"
                     elif _private(alias.name) and imported != module:
+                        if tree.package(imported) == package and imported in tree.modules:
+                            if alias.name in tree.private_exceptions(imported):
+                                continue
                         what = f"imports the private name {alias.name} from {source}"
                         yield where, package, alias.name, what
             elif isinstance(node, ast.Import):
@@ -201,13 +216,16 @@ def test_checker_catches_planted_violations(tmp_path: Path) -> None:
             "        return self._state\n"
             "def _helper():\n"
             "    return 2\n"
+            "class _Retry(Exception):\n"
+            "    pass\n"
         ),
         "hpcdist/low/ok.py": (
-            "from hpcdist.low._impl import helper\nfrom hpcdist.low.core import Engine\n"
+            "from hpcdist.low._impl import helper\n"
+            "from hpcdist.low.core import Engine, _Retry\n"
         ),
         "hpcdist/high/__init__.py": "",
         "hpcdist/high/user.py": (
-            "from hpcdist.low.core import Engine, _helper\n"
+            "from hpcdist.low.core import Engine, _helper, _Retry\n"
             "from hpcdist.low._impl import helper\n"
             "def go(engine, strategy, mine):\n"
             "    engine._run()\n"
@@ -226,6 +244,7 @@ def test_checker_catches_planted_violations(tmp_path: Path) -> None:
     found = sorted((where, what) for where, _, _, what in violations(tmp_path))
     assert found == [
         ("benchmarks/bench.py:2", "uses e._state, private to hpcdist.low"),
+        ("hpcdist/high/user.py:1", "imports the private name _Retry from hpcdist.low.core"),
         ("hpcdist/high/user.py:1", "imports the private name _helper from hpcdist.low.core"),
         ("hpcdist/high/user.py:2", "imports the private module hpcdist.low._impl"),
         ("hpcdist/high/user.py:4", "uses engine._run, private to hpcdist.low"),
