@@ -5,8 +5,6 @@ optimizers are looked up by class name among hpcdist's own and the
 ``custom_objects`` given; nothing is unpickled or executed. This module builds
 ``Model``/``Sequential`` objects, so it sits above :mod:`hpcdist.nn.model`
 (which saves through :mod:`hpcdist.nn.saving`).
-
-Example: ``with strategy.scope(): model = hd.nn.load_model("runs/model.keras")``.
 """
 
 from __future__ import annotations
@@ -148,7 +146,7 @@ def load_model(
             loss=_loss_from_config(compile_config["loss"], custom),
             metrics=[_metric_from_config(m, custom) for m in compile_config.get("metrics", [])],
         )
-        with model._strategy_scope():
+        with model._scope():
             model.optimizer.build(model.trainable_variables)  # the slots exist before restoring
     objects = saved_objects(model, None)
     if compile_config is None:

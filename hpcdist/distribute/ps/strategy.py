@@ -20,9 +20,6 @@ Two styles of program work: every worker runs the training loop itself (TF1
 style, ``extended.call_for_each_replica`` plus a global step on the ps), or a
 chief schedules functions on the workers with
 :class:`~hpcdist.distribute.coordinator.ClusterCoordinator` (TF2 style).
-
-Example: ``hd.ParameterServerStrategy(hd.cluster_resolver.MPIClusterResolver(jobs={"ps": 1,
-"worker": 3}))`` under ``mpirun -n 4``.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ import itertools
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -59,17 +56,25 @@ from hpcdist.runtime import world
 log = logging.getLogger("hpcdist.ps")
 
 
+class _TaskView(NamedTuple):
+    """What each rank tells the others in :func:`_tasks`."""
+
+    task_type: str
+    task_id: int
+    error: str  # the resolver's error ("" when none), reported on every rank
+
+
 def _tasks(comm: Any, resolver: ClusterResolver) -> list[tuple[str, int]]:
     """Every rank's ``(task_type, task_id)``, by rank (collective; the same list everywhere)."""
     try:
-        mine: tuple[Any, ...] = (str(resolver.task_type), int(resolver.task_id or 0), "")
+        mine = _TaskView(str(resolver.task_type), int(resolver.task_id or 0), "")
     except Exception as error:  # reported on every rank below
-        mine = ("?", -1, f"{type(error).__name__}: {error}")
-    views = comm.allgather(mine)
-    bad = [f"rank {r}: {v[2]}" for r, v in enumerate(views) if v[2]]
+        mine = _TaskView("?", -1, f"{type(error).__name__}: {error}")
+    views: list[_TaskView] = comm.allgather(mine)
+    bad = [f"rank {r}: {v.error}" for r, v in enumerate(views) if v.error]
     if bad:
         raise ClusterConfigError("ParameterServerStrategy: no task for " + "; ".join(bad))
-    return [(v[0], v[1]) for v in views]
+    return [(v.task_type, v.task_id) for v in views]
 
 
 class ParameterServerExtended(StrategyExtended):
