@@ -276,6 +276,7 @@ class ShardedVariable(NDArrayOperatorsMixin):
         return self.value()
 
     def raw_value(self) -> Any:
+        """The shards joined into one array (the same as :meth:`value`)."""
         return self.value()
 
     def numpy(self) -> np.ndarray:

@@ -427,6 +427,7 @@ class MirroredVariable(DistributedVariable):
     """A variable kept identical on every replica (sync on write)."""
 
     def raw_value(self) -> Any:
+        """The stored array of this replica's copy (the first copy outside a replica)."""
         return self._current_component().raw_value()
 
     def _write(self, op: str, value: Any, read_value: bool) -> Any:
@@ -451,6 +452,7 @@ class SyncOnReadVariable(DistributedVariable):
     """Each replica writes its own copy; cross-replica reads combine them (sync on read)."""
 
     def raw_value(self) -> Any:
+        """This replica's own stored array; outside a replica, the copies combined."""
         local_id = self.local_replica_id()
         if local_id is not None:
             return self._components[local_id].raw_value()

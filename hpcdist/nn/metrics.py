@@ -45,6 +45,7 @@ from hpcdist.nn.tape import Traced
 
 
 def plain_value(x: Any) -> Any:
+    """``x`` as an array: a traced value's value, a variable's stored array, else ``asarray``."""
     if isinstance(x, Traced):
         return x.value
     if isinstance(x, Variable):
@@ -68,6 +69,7 @@ _plain_lock = threading.Lock()  # replica threads may share a metric made outsid
 
 
 def accumulate(var: Variable, delta: Any) -> None:
+    """Add ``delta`` to the copy of the metric variable ``var`` this replica writes."""
     comp = _component(var)
     if is_cupy(delta) and not is_cupy(comp.raw_value()):
         delta = to_host(delta)
