@@ -22,8 +22,6 @@ export OMPI_MCA_osc ?= ^ucx
 # Keep BLAS/Numba from starting a thread per core in every rank.
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
-# With colorama installed (the docs extra), Numba prints an ANSI reset on every job's stdout.
-export NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING ?= 1
 
 # Every pytest run appends its counts here (tests/support/summary.py); `make test` empties
 # it first and ends with one "N passed, N failed, N skipped" line over all steps.

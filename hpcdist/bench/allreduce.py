@@ -374,10 +374,7 @@ def time_interleaved(
 
 
 def memcpy_bandwidth(comm: Any, nbytes: int, repeats: int, stat: str) -> float:
-    """Per-rank ``np.copyto`` GB/s of an ``nbytes`` buffer, every rank copying at once.
-
-    Example: ``memcpy_bandwidth(comm, 64 << 20, repeats=5, stat="median")``.
-    """
+    """Per-rank ``np.copyto`` GB/s of an ``nbytes`` buffer, every rank copying at once."""
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     copy = functools.partial(np.copyto, dst, src)

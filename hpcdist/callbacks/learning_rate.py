@@ -109,8 +109,6 @@ class ReduceLROnPlateau(Callback):
     ``"min"`` mode, upwards in ``"max"`` mode; ``"auto"``: max for names ending
     in ``acc``, ``accuracy`` or ``auc``). After a reduction, ``cooldown`` epochs
     pass before counting again; the rate never goes below ``min_lr``.
-
-    Example: ``ReduceLROnPlateau(monitor="val_loss", factor=0.2, patience=5, min_lr=1e-5)``.
     """
 
     def __init__(

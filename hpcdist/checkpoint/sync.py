@@ -179,10 +179,7 @@ class Group:
         return json.loads(self._bcast_bytes(data, self.root))
 
     def gather_json(self, obj: Any) -> list | None:
-        """Every worker's JSON-able ``obj``, in rank order, on the root (``None`` elsewhere).
-
-        Example: ``per_worker = g.gather_json(my_meta)``.
-        """
+        """Every worker's JSON-able ``obj``, in rank order, on the root (``None`` elsewhere)."""
         if self.comm is None:
             return [obj]
 

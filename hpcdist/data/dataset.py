@@ -112,7 +112,7 @@ _JOIN_TIMEOUT_S = 10.0  # how long closing a prefetch iterator waits for its thr
 
 
 # -- the node registry ---------------------------------------------------------------------
-# The nodes (source_nodes, transform_nodes, passthrough_nodes) subclass Dataset, so this
+# The node modules (the module docstring's Layout lists them) subclass Dataset, so this
 # module cannot import them; each registers itself with @register_node when its module is
 # imported (hpcdist.data imports them all), and Dataset's methods build nodes by name.
 _Node = TypeVar("_Node", bound="Dataset")

@@ -56,10 +56,7 @@ if TYPE_CHECKING:
 
 
 class StrategyExtended:
-    """The lower-level API of a strategy (``tf.distribute.StrategyExtended``).
-
-    Example: ``strategy.extended.reduce_to("SUM", per_replica, destinations=var)``.
-    """
+    """The lower-level API of a strategy (``tf.distribute.StrategyExtended``)."""
 
     def __init__(
         self,
@@ -389,8 +386,6 @@ class StrategyExtended:
         ``NcclAllReduce``: one NCCL all-reduce per leaf, nothing copied between GPUs
         or to the host), or ``None`` when :meth:`_local_gpu_reduce` does not apply
         to every leaf (then :meth:`reduce_leaves`). The optimizers' gradient sum.
-
-        Example: ``per_replica = ext.local_gpu_all_reduce(ReduceOp.SUM, [grads])``.
         """
         if self._streams is None or self._num_workers != 1:
             return None
@@ -421,10 +416,7 @@ class StrategyExtended:
         value_destination_pairs: Sequence[tuple],
         options: Any = None,
     ) -> list[Any]:
-        """:meth:`reduce_to` for many ``(value, destinations)`` pairs, in one batched collective.
-
-        Example: ``extended.batch_reduce_to("MEAN", [(g1, v1), (g2, v2)])``.
-        """
+        """:meth:`reduce_to` for many ``(value, destinations)`` pairs, in one batched collective."""
         require_cross_replica(self._strategy, "extended.batch_reduce_to")
         op = ReduceOp.from_any(reduce_op)
         pairs = list(value_destination_pairs)
@@ -590,10 +582,7 @@ class StrategyExtended:
         yield
 
     def variable_created_in_scope(self, v: Any) -> bool:
-        """Whether ``v`` was created in this strategy's scope.
-
-        Example: ``strategy.extended.variable_created_in_scope(v)``.
-        """
+        """Whether ``v`` was created in this strategy's scope."""
         return getattr(v, "_distribute_strategy", None) is self._strategy
 
     def value_container(self, value: Any) -> Any:

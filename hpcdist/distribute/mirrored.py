@@ -61,8 +61,6 @@ class MirroredStrategy(Strategy):
     ``devices=None`` uses every visible GPU, else the CPU. ``cross_device_ops``
     picks how local values are combined (default: ``NcclAllReduce`` for
     several GPUs, else ``ReductionToOneDevice``).
-
-    Example: ``MirroredStrategy(["/gpu:0", "/gpu:1"])``.
     """
 
     def __init__(

@@ -20,10 +20,7 @@ from hpcdist.distribute.strategy import Strategy
 
 
 class OneDeviceStrategy(Strategy):
-    """Run on the single ``device`` (``tf.distribute.OneDeviceStrategy``).
-
-    Example: ``OneDeviceStrategy("/gpu:0")``.
-    """
+    """Run on the single ``device`` (``tf.distribute.OneDeviceStrategy``)."""
 
     def __init__(self, device: str | Device) -> None:
         if not isinstance(device, (str, Device)):

@@ -153,8 +153,6 @@ class Strategy:
         Distributed values in ``args``/``kwargs`` give each replica its own
         component. A result that is the same object on every replica (or the
         only replica's) is returned as it is; others become ``PerReplica``.
-
-        Example: ``per_replica = strategy.run(step, args=(batch,))``.
         """
         del options  # accepted for TF compatibility; nothing to tune yet
         if not isinstance(args, (tuple, list)):
@@ -186,8 +184,6 @@ class Strategy:
         across replicas; ``MEAN`` divides the global sum by the global count
         of elements along ``axis`` (TF allows only SUM and MEAN with an axis;
         hpcdist also gives MIN and MAX).
-
-        Example: ``strategy.reduce(hd.ReduceOp.SUM, per_replica_losses, axis=None)``.
         """
         require_cross_replica(self, "strategy.reduce")
         op = ReduceOp.from_any(reduce_op)
@@ -224,8 +220,6 @@ class Strategy:
 
         Sizes along ``axis`` may differ between replicas. The result is one
         array on this worker.
-
-        Example: ``strategy.gather(per_replica_predictions, axis=0)``.
         """
         require_cross_replica(self, "strategy.gather")
         value, back = import_values(value)  # torch/jax/tf: NumPy/CuPy views, the type back out

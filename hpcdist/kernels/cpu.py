@@ -529,8 +529,6 @@ def fold_rows(
     with the same compiled kernels, so the bits equal :func:`reduce_slots`'s.
     ``char`` is the dtype's character (``"f"`` for float32). The caller
     guarantees what :func:`reduce_slots` checks.
-
-    Example: ``fold_rows(slots_addr, slot_bytes, 2, n, out_addr, SUM, 2, "f")``.
     """
     if count <= 0:
         return

@@ -192,10 +192,7 @@ class Layer:
 
     # -- building ----------------------------------------------------------------------
     def build(self, input_shape: tuple) -> None:
-        """Create the weights for inputs of ``input_shape`` (batch dimension included).
-
-        Example: ``layer.build((None, 10))``.
-        """
+        """Create the weights for inputs of ``input_shape`` (batch dimension included)."""
         self.built = True
 
     def _build(self, input_shape: tuple) -> None:
@@ -223,8 +220,6 @@ class Layer:
 
         A ``regularizer`` (:mod:`hpcdist.nn.regularizers`) adds its penalty of
         the weight to :attr:`losses`.
-
-        Example: ``self.kernel = self.add_weight("kernel", (n_in, n_out), "glorot_uniform")``.
         """
         if self._name is None:
             self._name = self._base_name
@@ -344,8 +339,6 @@ class InputLayer(Layer):
 
     ``Sequential([InputLayer((10,)), Dense(1)])`` builds at construction; the
     input layer is not listed in ``model.layers`` (as in Keras).
-
-    Example: ``InputLayer((28 * 28,))``.
     """
 
     def __init__(

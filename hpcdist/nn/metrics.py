@@ -108,10 +108,7 @@ class Metric:
         self._variables: list[Variable] = []
 
     def add_weight(self, name: str, shape: tuple[int, ...] = ()) -> Variable:
-        """A zero state variable, sync-on-read with SUM aggregation in a strategy scope.
-
-        Example: ``self.total = self.add_weight("total")``.
-        """
+        """A zero state variable, sync-on-read with SUM aggregation in a strategy scope."""
         var = Variable(
             np.zeros(shape, dtype=self.dtype),
             name=f"{self.name}/{name}",
@@ -248,10 +245,7 @@ class Mean(Metric):
 
 
 class MeanMetricWrapper(Mean):
-    """The mean of ``fn(y_true, y_pred, **kwargs)`` over all examples seen.
-
-    Example: ``MeanMetricWrapper(losses.mean_squared_error, name="mse")``.
-    """
+    """The mean of ``fn(y_true, y_pred, **kwargs)`` over all examples seen."""
 
     def __init__(
         self,

@@ -214,8 +214,6 @@ class Model:
 
         Weights are created in the scope of ``distribute_strategy`` (entered if
         needed); inside ``strategy.run`` this is an error.
-
-        Example: ``model.build((None, 784))``.
         """
         if input_shape is None:
             input_shape = self._batch_input_shape
@@ -253,8 +251,6 @@ class Model:
 
         Builds the model from ``x.shape`` first when it is not built (only
         outside ``strategy.run``).
-
-        Example: ``y, caches = model.forward(x, training=True)``.
         """
         if not self.built:
             x = asarray(x)
@@ -273,8 +269,6 @@ class Model:
 
         The list is aligned with :attr:`trainable_variables`. Layers below the
         first trainable one are not visited.
-
-        Example: ``grads = model.backward(caches, dL_dy)``.
         """
         if not (isinstance(caches, tuple) and len(caches) == 2 and isinstance(caches[0], tuple)):
             raise TypeError("caches must be the second value returned by model.forward(x)")
@@ -345,10 +339,7 @@ class Model:
         return views
 
     def __call__(self, x: Any, training: bool = False) -> Any:
-        """The output for ``x`` (``forward(x, training)[0]``).
-
-        Example: ``probabilities = model(x)``.
-        """
+        """The output for ``x`` (``forward(x, training)[0]``)."""
         return self.forward(x, training)[0]
 
     # -- variables ---------------------------------------------------------------------------
@@ -468,8 +459,6 @@ class Model:
         the arrays (no pickle); :func:`hpcdist.nn.load_model` restores it on any
         number of workers. Collective under a multi-worker strategy (every
         worker calls it; the chief writes). See :mod:`hpcdist.nn.saving`.
-
-        Example: ``model.save("runs/model.keras")``.
         """
 
         save_model(self, filepath, overwrite=overwrite)
@@ -483,8 +472,6 @@ class Model:
         ``filepath`` (no suffix added), through a temporary file, ``fsync`` and
         ``os.replace`` (:func:`hpcdist.runtime.atomic.atomic_write`). Sync-on-read
         weights are saved as the first local replica's copy.
-
-        Example: ``model.save_weights("ckpt/weights.npz")``.
         """
         self._require_built("save_weights")
         if not self._distribute_strategy.extended.should_checkpoint:
@@ -513,8 +500,6 @@ class Model:
         The file must hold the same weight names, in the same order, with the
         same shapes; otherwise a ``ValueError`` names the first mismatch and
         nothing is assigned.
-
-        Example: ``model.load_weights("ckpt/weights.npz")``.
         """
         self._require_built("load_weights")
         path = os.fspath(filepath)
@@ -564,8 +549,6 @@ class Model:
 
         With no ``print_fn`` it prints on the chief only; a given ``print_fn``
         is called on every worker, once per line.
-
-        Example: ``model.summary(print_fn=lines.append)``.
         """
         if not self.built:
             raise ValueError(

@@ -315,8 +315,6 @@ class LayerNormalization(_Normalization):
     ``axis`` (default ``-1``, or a list) names the axes normalized together;
     ``gamma`` and ``beta`` have their shape. No batch statistics: nothing to
     synchronize between replicas.
-
-    Example: ``LayerNormalization(epsilon=1e-6)``.
     """
 
     def __init__(

@@ -23,10 +23,7 @@ from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 
 
 class Adagrad(Optimizer):
-    """Adagrad (Duchi et al.): per-parameter learning rates from the sum of squared gradients.
-
-    Example: ``Adagrad(learning_rate=0.01, initial_accumulator_value=0.1)``.
-    """
+    """Adagrad (Duchi et al.): per-parameter learning rates from the sum of squared gradients."""
 
     def __init__(
         self,

@@ -38,10 +38,7 @@ def check_positive(name: str, value: Any) -> float:
 
 
 class Adam(Optimizer):
-    """Adam (Kingma & Ba), optionally AMSGrad.
-
-    Example: ``Adam(learning_rate=1e-3, beta_1=0.9, beta_2=0.999, amsgrad=True)``.
-    """
+    """Adam (Kingma & Ba), optionally AMSGrad."""
 
     def __init__(
         self,
@@ -96,10 +93,7 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter); ``weight_decay`` is required.
-
-    Example: ``AdamW(learning_rate=1e-3, weight_decay=0.004)``.
-    """
+    """Adam with decoupled weight decay (Loshchilov & Hutter); ``weight_decay`` is required."""
 
     def __init__(
         self,

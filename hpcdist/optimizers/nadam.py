@@ -41,10 +41,7 @@ def momentum_schedule(beta_1: float, t: int) -> float:
 
 
 class Nadam(Optimizer):
-    """Nadam (Dozat, 2016), as Keras computes it.
-
-    Example: ``Nadam(learning_rate=1e-3, beta_1=0.9, beta_2=0.999)``.
-    """
+    """Nadam (Dozat, 2016), as Keras computes it."""
 
     _SLOT_ALIASES = {"momentums": "m", "velocities": "v"}
 

@@ -29,10 +29,7 @@ from hpcdist.optimizers.sgd import check_fraction
 
 
 class RMSprop(Optimizer):
-    """RMSprop (Hinton), optionally centered and with momentum.
-
-    Example: ``RMSprop(learning_rate=1e-3, rho=0.9, momentum=0.9, centered=True)``.
-    """
+    """RMSprop (Hinton), optionally centered and with momentum."""
 
     _SLOT_ALIASES = {"rms": "velocity", "mg": "average_gradient"}
 
