@@ -19,9 +19,24 @@ import sys
 from types import ModuleType
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from hpcdist.errors import ArrayInteropError
+
+#: ``ml_dtypes.bfloat16`` as a NumPy dtype: the type JAX and TensorFlow use, and
+#: hpcdist's for bfloat16 data (torch bf16 tensors arrive as arrays of it).
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def is_floating(dtype: Any) -> bool:
+    """Whether ``dtype`` is a real floating dtype: float16/32/64 or bfloat16.
+
+    ``np.issubdtype`` says no for bfloat16 (an ``ml_dtypes`` type); ask here.
+    Example: ``is_floating(BFLOAT16)`` and ``is_floating(np.float32)`` are ``True``.
+    """
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype == BFLOAT16
 
 
 def is_cupy(x: Any) -> bool:
