@@ -7,10 +7,17 @@ and runs one job of 2 hosts x 1 rank that measures, side by side in one run
 
 * a communication-bound torch MLP (about 15 M parameters, float32):
   ``hpcdist.torch.DistributedOptimizer(compression="bf16")``, the same without
-  compression, DDP over gloo, and DDP over gloo with its ``bf16_compress_hook``
-  (steps per second);
+  compression, DDP over gloo, and DDP over gloo with its bf16 compression hook
+  (``default_hooks._compress_hook(torch.bfloat16, ...)``, the body of
+  ``bf16_compress_hook``, whose public name torch refuses off CUDA; gloo reduces
+  bfloat16) (steps per second);
 * the ResNet-50 gradient list (161 float32 tensors, 25.6 M parameters, synthetic)
   all-reduced by the engine with and without ``compression="bf16"``.
+
+The hpcdist optimizers run with ``timeout_seconds=None``: blocking MPI calls on
+the communication thread. With a timeout the calls are nonblocking and polled
+(sleeping between tests), and Open MPI's TCP transport moves data only while it is
+polled, which costs more than the compression saves on this link.
 
 Targets (issue 30): hpcdist bf16 >= 1.5x DDP gloo and >= 1.1x DDP gloo + bf16 hook
 (steps/s); the ResNet-50 list compressed >= 1.7x uncompressed.
@@ -105,11 +112,22 @@ def worker(args: argparse.Namespace) -> int:
     for label, compression in (("hpcdist_bf16", "bf16"), ("hpcdist", None)):
         torch.manual_seed(0)
         model = _mlp()
-        opt = hdt.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.01), model=model, compression=compression
+        opt = hdt.DistributedOptimizer(  # blocking MPI on the communication thread (see top)
+            torch.optim.SGD(model.parameters(), lr=0.01), model=model, compression=compression,
+            timeout_seconds=None,
         )
         steps[label] = runner(model, opt)
-    hooks = (("ddp_gloo", None), ("ddp_gloo_bf16_hook", default_hooks.bf16_compress_hook))
+    # DDP's bf16 compression hook is _compress_hook(torch.bfloat16, ...); registering it by
+    # its public name is refused off CUDA/NCCL, so its body is registered under another name
+    def bf16_hook(process_group: Any, bucket: Any) -> Any:
+        return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
+
+    bf16_hook.__annotations__ = {  # what DDP checks (this file's annotations are strings)
+        "process_group": dist.ProcessGroup, "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }  # fmt: skip
+
+    hooks = (("ddp_gloo", None), ("ddp_gloo_bf16_hook", bf16_hook))
     for label, hook in hooks:
         torch.manual_seed(0)
         ddp = torch.nn.parallel.DistributedDataParallel(_mlp())
@@ -183,8 +201,8 @@ def main() -> int:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="")
     p.add_argument("--rate", default="1gbit")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--timeout", type=float, default=480)
     args = p.parse_args()
@@ -211,7 +229,7 @@ def main() -> int:
                     "--batch", str(args.batch), "--rounds", str(args.rounds),
                     "--steps", str(args.steps)]  # fmt: skip
             proc = mpirun(LAYOUT, argv, env={"GLOO_SOCKET_IFNAME": "eth0"}, timeout=args.timeout)
-            print(proc.stdout[-3000:])
+            print(proc.stdout[-12000:])
             if proc.returncode != 0:
                 print(f"{NAME}: the job across the hosts failed ({proc.returncode})")
                 return 1

@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,19 @@ def _bytes(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint8)
 
 
+_scratch = threading.local()  # per thread: engines of other threads never share a buffer
+
+
+def _buffer(slot: str, count: int, dtype: np.dtype) -> np.ndarray:
+    """A scratch array of ``count`` elements, reused call after call (no page faults)."""
+    nbytes = count * dtype.itemsize
+    held = getattr(_scratch, slot, None)
+    if held is None or held.nbytes < nbytes:
+        held = np.empty(max(nbytes, 64), np.uint8)
+        setattr(_scratch, slot, held)
+    return held[:nbytes].view(dtype)
+
+
 def reduce_plan(
     comm: Any,
     buf: np.ndarray,
@@ -104,10 +118,10 @@ def reduce_plan(
     if buf.dtype == send_dtype:
         send = buf
     else:
-        send = narrow(buf, np.empty(total, send_dtype))
+        send = narrow(buf, _buffer("send", total, send_dtype))
     bounds = chunk_bounds(total, size)
     lo, hi = bounds[me], bounds[me + 1]
-    recv = np.empty((size, hi - lo), send_dtype)
+    recv = _buffer("recv", size * (hi - lo), send_dtype).reshape(size, hi - lo)
     recv[me] = send[lo:hi]
     for step in range(1, size):
         dst, src = (me + step) % size, (me - step) % size
@@ -117,7 +131,7 @@ def reduce_plan(
              _bytes(recv[src]), src, TAG_SCATTER),
             label="the compressed reduce-scatter",
         )
-    whole = target if target.dtype == round_dtype else np.empty(total, round_dtype)
+    whole = target if target.dtype == round_dtype else _buffer("whole", total, round_dtype)
     mine = whole[lo:hi]
     if hi > lo:
         fold_rows16(recv, mine, code, divisor)
