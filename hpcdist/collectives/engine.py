@@ -372,8 +372,10 @@ class Collectives:
 
         ``op`` is SUM, MEAN (the sum divided by :attr:`size`: floats keep
         their dtype, integers give float64), MIN or MAX. Supported dtypes:
-        bool (MIN, MAX), signed and unsigned integers, float16/32/64 (float16
-        is summed in float32 and rounded once), complex64/128 (SUM, MEAN).
+        bool (MIN, MAX), signed and unsigned integers, bfloat16 and float16/32/64
+        (the 16-bit floats are summed in float32 and rounded once), complex64/128
+        (SUM, MEAN). ``options.compression`` sends float32 sums between nodes as
+        16-bit floats (:mod:`hpcdist.collectives.compression`).
         On a node, MIN and MAX follow NumPy (NaN wins); between nodes, the
         MPI library's comparisons.
 
