@@ -13,8 +13,10 @@ deviations), the total is the sum over the ranks. Models:
 * ``transformer``: a stack of torch ``TransformerEncoderLayer`` through
   ``hpcdist.torch.DistributedOptimizer``.
 
-``--batch-size`` is per replica (weak scaling); ``--global-batch-size``
-instead fixes the batch of all replicas together (strong scaling). Rank 0
+``--compression bf16|fp16`` sends float32 gradients between nodes in 16
+bits (``CommunicationOptions(compression=...)``). ``--batch-size`` is per
+replica (weak scaling); ``--global-batch-size`` instead fixes the batch of all
+replicas together (strong scaling). Rank 0
 prints the result and writes ``<out>/<name>.json`` (default
 ``train_<model>_n<ranks>``), which ``hpcdist bench report`` combines into a
 scaling table.
@@ -37,6 +39,7 @@ import numpy as np
 
 import hpcdist as hd
 from hpcdist.bench.report import save_report
+from hpcdist.collectives.options import COMPRESSIONS
 from hpcdist.errors import BenchmarkError
 from hpcdist.nn import Dense, Sequential
 from hpcdist.nn.losses import Reduction, SparseCategoricalCrossentropy
@@ -56,7 +59,8 @@ def interval(values: Sequence[float]) -> tuple[float, float]:
 
 
 def _mlp_step(args: argparse.Namespace, batch: int, global_batch: int) -> Callable[[], None]:
-    strategy = hd.MultiWorkerMirroredStrategy()
+    options = hd.experimental.CommunicationOptions(compression=args.compression)
+    strategy = hd.MultiWorkerMirroredStrategy(communication_options=options)
     with strategy.scope():
         layers: list[Any] = [Dense(args.hidden, activation="relu", input_shape=(args.features,))]
         layers += [Dense(args.hidden, activation="relu") for _ in range(args.layers - 1)]
@@ -108,7 +112,8 @@ def _torch_step(args: argparse.Namespace, batch: int) -> Callable[[], None]:
         x = torch.randn(batch, args.seq_len, args.d_model)
         y = torch.randn(batch, args.seq_len, args.d_model)
         loss_fn = torch.nn.MSELoss()
-    opt = hdt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model=model)
+    opt = hdt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model=model,
+                                   compression=args.compression)
     hdt.broadcast_parameters(model, root=0)
 
     def step() -> None:
@@ -129,6 +134,8 @@ def build_parser(prog: str = "hpcdist bench train") -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=10, help="timed iterations (default 10)")
     p.add_argument("--batches-per-iter", type=int, default=10, help="steps per iteration")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations (default 2)")
+    p.add_argument("--compression", choices=COMPRESSIONS, default=None,
+                   help="float32 gradients between nodes as bf16 or fp16 (default: none)")
     p.add_argument("--features", type=int, default=256, help="mlp: input features")
     p.add_argument("--hidden", type=int, default=512, help="mlp: hidden units")
     p.add_argument("--layers", type=int, default=3, help="mlp / transformer: layers")
@@ -179,6 +186,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "hpcdist bench train"
         "virtual_nodes": w.virtual_nodes,
         "scaling": "strong" if args.global_batch_size is not None else "weak",
         "batch_per_replica": batch, "global_batch": global_batch,
+        "compression": args.compression,
         "iters": args.iters, "batches_per_iter": args.batches_per_iter,
         "samples_per_s_per_rank": means,
         "samples_per_s_rank0": {"mean": mean, "ci95": half},
