@@ -22,8 +22,6 @@ export OMPI_MCA_osc ?= ^ucx
 # Keep BLAS/Numba from starting a thread per core in every rank.
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
-# With colorama installed (the docs extra), Numba prints an ANSI reset on every job's stdout.
-export NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING ?= 1
 
 # Every pytest run appends its counts here (tests/support/summary.py); `make test` empties
 # it first and ends with one "N passed, N failed, N skipped" line over all steps.
@@ -168,6 +166,7 @@ bench: install
 	timeout -k 20 900 $(MPIRUN) -n 4 $(PY) benchmarks/ps_vs_mwms.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/checked_collectives.py
 	timeout -k 20 3600 $(PY) benchmarks/multihost.py
+	flock /tmp/hpcdist-rig.lock timeout -k 20 900 $(PY) benchmarks/compression_multihost.py
 
 # On a machine with an NVIDIA GPU (each script exits 2, saying why, without one).
 gpu-bench: install

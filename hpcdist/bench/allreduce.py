@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.bench.formats import FORMATS, format_nccl_tests, format_osu
 from hpcdist.bench.report import save_line_plot, save_report
 from hpcdist.bench.resnet50 import resnet50_gradients
 from hpcdist.collectives import Collectives, CommunicationOptions, ReduceOp
@@ -374,10 +375,7 @@ def time_interleaved(
 
 
 def memcpy_bandwidth(comm: Any, nbytes: int, repeats: int, stat: str) -> float:
-    """Per-rank ``np.copyto`` GB/s of an ``nbytes`` buffer, every rank copying at once.
-
-    Example: ``memcpy_bandwidth(comm, 64 << 20, repeats=5, stat="median")``.
-    """
+    """Per-rank ``np.copyto`` GB/s of an ``nbytes`` buffer, every rank copying at once."""
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     copy = functools.partial(np.copyto, dst, src)
@@ -385,7 +383,7 @@ def memcpy_bandwidth(comm: Any, nbytes: int, repeats: int, stat: str) -> float:
     return nbytes / statistic(times["memcpy"], stat) / 1e9
 
 
-def _agree_or_raise(comm: Any, problems: list[str], what: str) -> None:
+def agree_or_raise(comm: Any, problems: list[str], what: str) -> None:
     """Raise on every rank when any rank found a problem (so no rank waits for the others)."""
     everyone = comm.allgather(problems)
     found = [f"rank {rank}: {p}" for rank, ps in enumerate(everyone) for p in ps]
@@ -529,7 +527,7 @@ def measure_size(
                 problems.append(f"{name} of {format_bytes(nbytes)} differs from raw MPI")
         if tensor is not None:
             gbuf.fill(0)  # zeros stay zeros: repeated in-place sums never overflow
-        _agree_or_raise(comm, problems, "all-reduce results differ")
+        agree_or_raise(comm, problems, "all-reduce results differ")
     return time_interleaved(comm, calls, iters, repeats, warmup)
 
 
@@ -574,7 +572,7 @@ def measure_resnet(
             for a, (_, r) in zip(got, pairs, strict=True)
         ):
             problems.append("hpcdist allreduce of the ResNet-50 list differs from raw MPI")
-        _agree_or_raise(comm, problems, "ResNet-50 all-reduce results differ")
+        agree_or_raise(comm, problems, "ResNet-50 all-reduce results differ")
         del got
     times = time_interleaved(comm, calls, iters=1, repeats=repeats, warmup=warmup)
     seconds = {name: statistic(t, stat) for name, t in times.items()}
@@ -645,6 +643,12 @@ def build_parser(
         default=None,
         help="repetitions of the ResNet-50 case (default 5, 2 with --quick; 0 skips it)",
     )
+    p.add_argument(
+        "--format", choices=FORMATS, default="table",
+        help="output layout: table (default), osu (osu_allreduce -f) or nccl-tests "
+        "(all_reduce_perf); the JSON is the same",
+    )
+    p.add_argument("--series", default=AUTO_SERIES, help="the series --format prints")
     p.add_argument("--out", default=out, help=f"folder for the JSON and PNG (default {out})")
     p.add_argument(
         "--name",
@@ -802,7 +806,12 @@ def main(
         "latency in us; algbw and busbw in GB/s (busbw = algbw * 2(n-1)/n); "
         "bus/raw > 1 and lat/raw < 1 are better than raw MPI"
     )
-    print(format_table(rows, names))
+    if args.format == "osu":
+        print(format_osu(rows, args.series))
+    elif args.format == "nccl-tests":
+        print(format_nccl_tests(rows, args.series, w.size))
+    else:
+        print(format_table(rows, names))
     for note in notes + caught.messages:
         print(f"note: {note}")
     if resnet:

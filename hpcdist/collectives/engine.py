@@ -78,7 +78,7 @@ import numpy as np
 
 from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's type out
 from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
-from hpcdist.collectives import choice
+from hpcdist.collectives import choice, compression
 from hpcdist.collectives.arrivals import ArrivalBoard, Watch
 from hpcdist.collectives.device_path import DevicePath, has_device_arrays
 from hpcdist.collectives.fusion import (
@@ -104,7 +104,7 @@ from hpcdist.collectives.options import (
     get_default_timeout,
     stall_warning_seconds,
 )
-from hpcdist.collectives.options import _Default as _DefaultTimeout
+from hpcdist.collectives.options import Default as _DefaultTimeout
 from hpcdist.collectives.registry import Where, generation, pick
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
 from hpcdist.collectives.shm_backend import NodePlan, _Mismatch, check_plan, run_node_plan
@@ -114,6 +114,7 @@ from hpcdist.errors import (
     CollectiveTimeoutError,
 )
 from hpcdist.kernels import pack_pieces
+from hpcdist.observe.recorder import RECORDER, engine_key, recorded
 from hpcdist.runtime import mpi, world
 
 log = logging.getLogger("hpcdist")
@@ -194,7 +195,7 @@ _check_dtype = check_dtype  # the name the engine used before metadata.check_dty
 #: Dtypes whose NumPy arrays need no check nor conversion on the way in (native order).
 _PLAIN_DTYPES = frozenset(
     np.dtype(c) for c in "?bBhHiIlLqQefdgFDG" if np.dtype(c).isnative
-)
+) | {interop.BFLOAT16}
 _CPU = ("CPU", 0)
 
 
@@ -239,7 +240,8 @@ def _mode(options: CommunicationOptions) -> str:
 
 
 def _message_bytes(opts: CommunicationOptions) -> str:
-    return f", mpi_message_bytes={opts.mpi_message_bytes}" if opts.mpi_message_bytes else ""
+    text = f", mpi_message_bytes={opts.mpi_message_bytes}" if opts.mpi_message_bytes else ""
+    return text + (f", compression={opts.compression}" if opts.compression else "")
 
 
 def _clip(text: str) -> str:
@@ -312,6 +314,7 @@ class Collectives:
         self._topology: Topology | None = None
         self._generation = -1  # of the process-wide default timeout the cache was built for
         self._seq = 0  # collectives run on the communicator (both modes)
+        self._flight_key = engine_key(self._size)  # names the communicator in flight records
         self._board: ArrivalBoard | None = None  # checked mode only
         self._mpi: Any = None
         self._device: DevicePath | None = None  # the device-array path, made on first use
@@ -359,6 +362,7 @@ class Collectives:
 
     # -- public operations -------------------------------------------------
 
+    @recorded
     def allreduce(
         self,
         tensors: Sequence[Any],
@@ -371,8 +375,10 @@ class Collectives:
 
         ``op`` is SUM, MEAN (the sum divided by :attr:`size`: floats keep
         their dtype, integers give float64), MIN or MAX. Supported dtypes:
-        bool (MIN, MAX), signed and unsigned integers, float16/32/64 (float16
-        is summed in float32 and rounded once), complex64/128 (SUM, MEAN).
+        bool (MIN, MAX), signed and unsigned integers, bfloat16 and float16/32/64
+        (the 16-bit floats are summed in float32 and rounded once), complex64/128
+        (SUM, MEAN). ``options.compression`` sends float32 sums between nodes as
+        16-bit floats (:mod:`hpcdist.collectives.compression`).
         On a node, MIN and MAX follow NumPy (NaN wins); between nodes, the
         MPI library's comparisons.
 
@@ -397,6 +403,8 @@ class Collectives:
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
         opts = self._merged(options)
+        if opts.splits_by_filter():  # some tensors compressed, some not: two calls
+            return compression.split_allreduce(self, tensors, op, opts, out)
         if places is not None:
             items = cast("list[np.ndarray]", tensors)  # (checked by _plain_host_arrays)
         elif has_device_arrays(tensors):
@@ -440,6 +448,7 @@ class Collectives:
             return results
         return [_place(r, p) for r, p in zip(results, places, strict=True)]
 
+    @recorded
     def reduce_scatter(
         self, tensor: Any, op: ReduceOp | str, options: CommunicationOptions | None = None
     ) -> Any:
@@ -490,6 +499,7 @@ class Collectives:
             buf = buf.view(group.dtype)
         return _place(buf.reshape(block_shape), places[0])
 
+    @recorded
     def allgather(
         self, tensor: Any, axis: int = 0, options: CommunicationOptions | None = None
     ) -> Any:
@@ -539,6 +549,7 @@ class Collectives:
             out = np.ascontiguousarray(np.moveaxis(out, 0, axis))
         return _place(out, place)
 
+    @recorded
     def allgather_list(
         self, tensors: Sequence[np.ndarray], axis: int = 0,
         options: CommunicationOptions | None = None,
@@ -631,6 +642,7 @@ class Collectives:
             out.append(piece.reshape((int(rows[:, t].sum()), *m.shape[1:])))
         return out
 
+    @recorded
     def broadcast(
         self, tensors: Sequence[Any], root: int = 0, options: CommunicationOptions | None = None
     ) -> list[Any]:
@@ -673,6 +685,7 @@ class Collectives:
             )
         return [_place(r, p) for r, p in zip(results, places, strict=True)]
 
+    @recorded
     def barrier(self, options: CommunicationOptions | None = None) -> None:
         """Wait until every rank has reached this barrier.
 
@@ -1002,6 +1015,8 @@ class Collectives:
         if self._pending is not None:
             self._check_pending(None)  # refused calls are not counted
         self._seq += 1
+        if RECORDER.on:  # the flight recorder (closed by @recorded when the call returns)
+            RECORDER.begin(self._flight_key, self._seq, layout, self.last_algorithm)
         timeout = opts.timeout_seconds
         if timeout is None:
             return None

@@ -35,7 +35,7 @@ from hpcdist.collectives.ops import ReduceOp
 from hpcdist.distribute.sharding import FlatShardLayout
 from hpcdist.errors import ShardingError
 from hpcdist.optimizers.clipping import global_scale, kernels_for
-from hpcdist.optimizers.flat import _empty_like, on_device_of
+from hpcdist.optimizers.flat import empty_like, on_device_of
 from hpcdist.runtime import mpi
 
 
@@ -47,7 +47,7 @@ def sharding_of(strategy: Any) -> str | None:
 
 
 def _engine(strategy: Any) -> Collectives:
-    engine = strategy.extended._collectives
+    engine = strategy.extended.collectives
     return engine if engine is not None else Collectives(mpi().COMM_SELF)
 
 
@@ -92,7 +92,7 @@ class ShardState:
 
     def shard_of(self, flat: Any) -> Any:
         """This worker's slices of a flat buffer, as a shard-long vector (padding zero)."""
-        out = _empty_like(flat, self.layout.shard_size)
+        out = empty_like(flat, self.layout.shard_size)
         out[:] = 0
         for lo, hi, at in self.ranges:
             out[at : at + hi - lo] = flat[lo:hi]
@@ -139,7 +139,7 @@ def states(opt: Any) -> list[tuple[Any, ShardState]]:
             "MultiWorkerMirroredStrategy(experimental_sharding=...) and call "
             "optimizer.build(model.trainable_variables) (or take a step) first"
         )
-    strategy = opt._order[0]._distribute_strategy
+    strategy = opt._order[0].distribute_strategy
     engine = _engine(strategy)
     return [(g, state_of(opt, g, engine, opt._sharding)) for _, g in sorted(
         opt._groups.items(), key=lambda kv: str(kv[0]))]
@@ -151,7 +151,7 @@ def _padded_buckets(state: ShardState, group: Any, idx: list, grads: list) -> li
     proto = group.params[0].flat
     out = []
     for b, members in enumerate(lay.buckets):
-        buf = _empty_like(proto, lay.slice_sizes[b] * lay.world_size)
+        buf = empty_like(proto, lay.slice_sizes[b] * lay.world_size)
         pos = 0
         for j in members:
             n = lay.sizes[j]
@@ -181,7 +181,7 @@ def apply(
     states = [state_of(opt, group, engine, stage) for group, _, _ in work]
     if stage == "optimizer":
         packed = [opt._pack(group, 0, idx, replica_grads[0], alias_ok) for group, idx, _ in work]
-        reduced = strategy.extended._reduce_leaves(ReduceOp.SUM, packed)
+        reduced = strategy.extended.reduce_leaves(ReduceOp.SUM, packed)
         opt._clip(work, reduced)
         for state, g in zip(states, reduced, strict=True):
             state.grad[:] = state.shard_of(asarray(g))

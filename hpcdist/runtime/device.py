@@ -329,7 +329,6 @@ def device_arrays(tensors: Sequence[Any], operation: str) -> tuple[DeviceRuntime
     """The runtime and GPU of ``tensors`` (all device arrays of one runtime and one GPU).
 
     Raises :class:`DeviceArrayError` for mixed kinds or GPUs and strided arrays.
-    Example: ``rt, gpu = device_arrays(grads, "allreduce")``.
     """
     runtime = runtime_for(tensors[0])
     device = runtime.device_id(tensors[0])

@@ -42,6 +42,8 @@ from hpcdist.adapters import engine_for
 from hpcdist.collectives import CommunicationOptions, ReduceOp
 from hpcdist.collectives.choice import DEFAULT_BUCKET_BYTES
 from hpcdist.distribute.sharding import check_sharding
+from hpcdist.errors import ShardingError
+from hpcdist.observe import timeline
 
 
 def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horovod)
@@ -53,6 +55,8 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     overlap: bool = True,
     timeout_seconds: float | None = 600.0,
     shard: str | None = None,
+    compression: str | None = None,
+    compression_filter: Callable[[Any], bool] | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its gradients are averaged over all replicas before a step.
 
@@ -76,6 +80,11 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
             (ZeRO-1: each rank keeps the state of its 1/N slice of the flat
             parameters) or ``"gradients"`` (ZeRO-2: also only its slice of the
             averaged gradients); see :mod:`hpcdist.torch.sharded`.
+        compression: ``"bf16"`` or ``"fp16"``: float32 gradients travel between
+            nodes as 16-bit floats, summed in float32 (half the bytes);
+            ``compression_filter(grad) -> bool`` picks which (e.g.
+            ``lambda g: g.ndim > 1`` keeps biases and norms exact). See
+            :class:`~hpcdist.CommunicationOptions`.
 
     Returns the same optimizer object, seen as a subclass of its class.
 
@@ -94,6 +103,11 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     if bytes_per_pack is not None and int(bytes_per_pack) <= 0:
         raise ValueError(f"bytes_per_pack is {bytes_per_pack!r}; expected a positive int or None")
     stage = check_sharding(shard)
+    if stage is not None and compression is not None:
+        raise ShardingError(
+            f"shard={stage!r} with compression={compression!r}: sharded optimizers send "
+            "full-precision gradients for now; use one of the two"
+        )
     if stage is not None:  # hpcdist.torch.sharded (registered below, imported by the package)
         args = (model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
                 int(backward_passes_per_step), overlap, timeout_seconds)
@@ -104,6 +118,7 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     wrapped._hd = _Reducer(
         optimizer, model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
         int(backward_passes_per_step), overlap, timeout_seconds,
+        CommunicationOptions(compression=compression, compression_filter=compression_filter),
     )
     return wrapped
 
@@ -149,12 +164,11 @@ class _Distributed:
 
 
 class _Bucket:
-    __slots__ = ("params", "waiting", "launched", "done", "error")
+    __slots__ = ("params", "waiting", "done", "error")
 
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
         self.params = params
         self.waiting = len(params)
-        self.launched = False
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -171,6 +185,7 @@ class _Reducer:
         passes: int,
         overlap: bool,
         timeout_seconds: float | None,
+        compression: CommunicationOptions | None = None,
     ) -> None:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if model is not None:
@@ -182,7 +197,7 @@ class _Reducer:
         self._options = CommunicationOptions(
             bytes_per_pack=bucket_bytes,
             timeout_seconds=timeout_seconds if overlap and self._engine.size > 1 else None,
-        )
+        ).merge(compression)
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[int, int] = {}
         self._counts: dict[int, int] = {}
@@ -224,6 +239,8 @@ class _Reducer:
         self._active = True
         bucket = self._buckets[self._bucket_of[key]]
         bucket.waiting -= 1
+        if timeline.active:  # hook fired -> bucket ready -> reduced (hpcdist.observe.timeline)
+            timeline.bucket_progress(self._bucket_of[key], bucket.waiting, len(bucket.params))
         if bucket.waiting == 0 and self._queue is not None:
             while self._next < len(self._buckets) and self._buckets[self._next].waiting == 0:
                 self._launch(self._buckets[self._next])
@@ -233,28 +250,10 @@ class _Reducer:
         for p in bucket.params:
             if p.grad is None:  # unused in this step: it takes part with a zero gradient
                 p.grad = torch.zeros_like(p)
-        bucket.launched = True
         if self._queue is not None:
             self._queue.put(bucket)
         else:
             _reduce(self._engine, self._options, bucket)
-
-    def _reduce(self, bucket: _Bucket) -> None:
-        try:
-            grads = [p.grad for p in bucket.params]
-            self._engine.allreduce(grads, ReduceOp.MEAN, self._options, out=grads)
-        except BaseException as err:  # handed to the thread that waits
-            bucket.error = err
-        finally:
-            bucket.done.set()
-
-    def _serve(self) -> None:
-        assert self._queue is not None
-        while True:
-            bucket = self._queue.get()
-            if bucket is None:
-                return
-            self._reduce(bucket)
 
     def synchronize(self) -> None:
         """Start the buckets not started yet (in order), wait for all, reset for the next step."""
@@ -276,7 +275,6 @@ class _Reducer:
     def _reset(self) -> None:
         for bucket in self._buckets:
             bucket.waiting = len(bucket.params)
-            bucket.launched = False
             bucket.done.clear()
             bucket.error = None
         for key in self._counts:
@@ -289,7 +287,8 @@ def _reduce(engine: Any, options: CommunicationOptions, bucket: _Bucket) -> None
     """Average the bucket's gradients over the replicas, in place; note errors for the waiter."""
     try:
         grads = [p.grad for p in bucket.params]
-        engine.allreduce(grads, ReduceOp.MEAN, options, out=grads)
+        with timeline.span("reduced", "buckets", {"params": len(grads)}):
+            engine.allreduce(grads, ReduceOp.MEAN, options, out=grads)
     except BaseException as err:  # handed to the thread that waits (synchronize)
         bucket.error = err
     finally:

@@ -135,7 +135,6 @@ class ShardedReducer(_Reducer):
         for p in bucket.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        bucket.launched = True
         job = _Job(self._scatter, bucket)
         if self._queue is not None:
             cast("Any", self._queue).put(job)  # a job, not a bucket: _serve runs it

@@ -24,6 +24,7 @@ import numpy as np
 from hpcdist.arrays import to_host
 from hpcdist.distribute.ps import protocol as P
 from hpcdist.distribute.ps.protocol import PSError, PSTypeError
+from hpcdist.observe import timeline
 from hpcdist.runtime import mpi
 
 _OPT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -118,7 +119,8 @@ class PSClient:
 
     def _call(self, ps: int, fn: Any) -> Any:
         """Run ``fn(rank)`` under the lock, turning MPI failures into PSError."""
-        with self._lock:
+        call = fn.__qualname__.split(".<locals>")[0].rsplit(".", 1)[-1] if timeline.active else ""
+        with self._lock, timeline.span(f"ps {call}", "ps", {"ps": int(ps)}):  # off: a no-op
             dest = self._rank(ps)
             try:
                 return fn(dest)
@@ -151,8 +153,6 @@ class PSClient:
         """Fill each of ``outs`` with the current value of the matching variable; returns the
         versions. Each out must be a writable C-contiguous NumPy array of its variable's shape
         and dtype (the data is received straight into it).
-
-        Example: ``(version,) = client.pull(0, [5], [out])``.
         """
         ids = [int(i) for i in var_ids]
         if len(ids) != len(outs):
@@ -258,8 +258,6 @@ class PSClient:
         """Asynchronously apply optimizer ``opt_id`` with learning rate ``lr`` to each variable
         with its dense gradient; ``versions[i]`` is the version of variable ``i`` the gradient
         was computed from (for the staleness stats).
-
-        Example: ``client.apply(0, 0, [5, 6], [g5, g6], 0.01, [v5, v6])``.
         """
         n = len(var_ids)
         if not n == len(grads) == len(versions):
