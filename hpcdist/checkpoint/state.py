@@ -245,9 +245,9 @@ class OptimizerState:
 
     def _checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
         opt = self.opt
-        if getattr(opt, "_sharding", None) is not None:
+        if getattr(opt, "sharding", None) is not None:
             raise ShardingError(
-                f"{self._owner()} is sharded (experimental_sharding={opt._sharding!r}): each "
+                f"{self._owner()} is sharded (experimental_sharding={opt.sharding!r}): each "
                 "worker holds a slice of its slots, which Checkpoint does not gather. Save it "
                 "with hpcdist.checkpoint.sharded.save_optimizer (every worker writes its slice)"
             )

@@ -238,6 +238,11 @@ class Optimizer:
 
     # -- properties ------------------------------------------------------------------
     @property
+    def sharding(self) -> str | None:
+        """The ZeRO stage of the strategy the variables belong to (``None``: not sharded)."""
+        return self._sharding
+
+    @property
     def name(self) -> str:
         """The optimizer's name."""
         return self._name

@@ -94,7 +94,7 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
         raise TypeError(
             f"DistributedOptimizer wraps a torch.optim.Optimizer; got {type(optimizer).__name__}"
         )
-    if isinstance(optimizer, _Distributed):
+    if isinstance(optimizer, DistributedMixin):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap it once")
     if isinstance(backward_passes_per_step, bool) or int(backward_passes_per_step) < 1:
         raise ValueError(
@@ -112,10 +112,10 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
         args = (model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
                 int(backward_passes_per_step), overlap, timeout_seconds)
         return _SHARDED[0](optimizer, args, stage, model)
-    cls = type(f"Distributed{type(optimizer).__name__}", (_Distributed, type(optimizer)), {})
-    wrapped: _Distributed = object.__new__(cls)
+    cls = type(f"Distributed{type(optimizer).__name__}", (DistributedMixin, type(optimizer)), {})
+    wrapped: DistributedMixin = object.__new__(cls)
     wrapped.__dict__ = optimizer.__dict__  # one optimizer, two views of it
-    wrapped._hd = _Reducer(
+    wrapped._hd = Reducer(
         optimizer, model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
         int(backward_passes_per_step), overlap, timeout_seconds,
         CommunicationOptions(compression=compression, compression_filter=compression_filter),
@@ -132,10 +132,10 @@ def register_sharded(wrap: Callable[..., Any]) -> Callable[..., Any]:
     return wrap
 
 
-class _Distributed:
+class DistributedMixin:
     """The methods a distributed optimizer adds to (or puts before) its class's."""
 
-    _hd: _Reducer
+    _hd: Reducer
 
     def synchronize(self) -> None:
         """Wait until every gradient is averaged over the replicas (starts what has not started).
@@ -152,7 +152,7 @@ class _Distributed:
                 "gradients were averaged. Run the closure (forward and backward) before step()"
             )
         self.__dict__["_hd"].synchronize()
-        # the wrapped optimizer's class follows _Distributed in the MRO
+        # the wrapped optimizer's class follows DistributedMixin in the MRO
         return super().step()  # type: ignore[misc]
 
     def __getattribute__(self, name: str) -> Any:
@@ -163,7 +163,9 @@ class _Distributed:
         return super().__getattribute__(name)
 
 
-class _Bucket:
+class Bucket:
+    """Parameters whose gradients are reduced together, and the state of their reduction."""
+
     __slots__ = ("params", "waiting", "done", "error")
 
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
@@ -173,7 +175,7 @@ class _Bucket:
         self.error: BaseException | None = None
 
 
-class _Reducer:
+class Reducer:
     """The buckets of one distributed optimizer and the thread that reduces them."""
 
     def __init__(
@@ -198,7 +200,7 @@ class _Reducer:
             bytes_per_pack=bucket_bytes,
             timeout_seconds=timeout_seconds if overlap and self._engine.size > 1 else None,
         ).merge(compression)
-        self._buckets: list[_Bucket] = []
+        self._buckets: list[Bucket] = []
         self._bucket_of: dict[int, int] = {}
         self._counts: dict[int, int] = {}
         current: list[torch.nn.Parameter] = []
@@ -207,10 +209,10 @@ class _Reducer:
             current.append(p)
             size += p.numel() * p.element_size()
             if size >= bucket_bytes:
-                self._buckets.append(_Bucket(current))
+                self._buckets.append(Bucket(current))
                 current, size = [], 0
         if current:
-            self._buckets.append(_Bucket(current))
+            self._buckets.append(Bucket(current))
         for i, bucket in enumerate(self._buckets):
             for p in bucket.params:
                 self._bucket_of[id(p)] = i
@@ -218,7 +220,7 @@ class _Reducer:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         self._next = 0  # the next bucket to start
         self._active = False
-        self._queue: queue.SimpleQueue[_Bucket | None] | None = None
+        self._queue: queue.SimpleQueue[Bucket | None] | None = None
         if overlap and self._engine.size > 1:
             self._queue = queue.SimpleQueue()
             thread = threading.Thread(
@@ -246,7 +248,7 @@ class _Reducer:
                 self._launch(self._buckets[self._next])
                 self._next += 1
 
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: Bucket) -> None:
         for p in bucket.params:
             if p.grad is None:  # unused in this step: it takes part with a zero gradient
                 p.grad = torch.zeros_like(p)
@@ -283,7 +285,7 @@ class _Reducer:
         self._active = False
 
 
-def _reduce(engine: Any, options: CommunicationOptions, bucket: _Bucket) -> None:
+def _reduce(engine: Any, options: CommunicationOptions, bucket: Bucket) -> None:
     """Average the bucket's gradients over the replicas, in place; note errors for the waiter."""
     try:
         grads = [p.grad for p in bucket.params]

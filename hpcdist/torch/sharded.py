@@ -44,14 +44,14 @@ from hpcdist.checkpoint import sharded as fmt
 from hpcdist.collectives import ReduceOp
 from hpcdist.distribute.sharding import FlatShardLayout, Segment
 from hpcdist.errors import ShardingError
-from hpcdist.torch.optimizer import _Bucket, _Distributed, _Reducer, register_sharded
+from hpcdist.torch.optimizer import Bucket, DistributedMixin, Reducer, register_sharded
 
 
 def _numpy(t: torch.Tensor) -> Any:
     return import_array(t.detach())
 
 
-class ShardedReducer(_Reducer):
+class ShardedReducer(Reducer):
     """The buckets, the flat shard and the local optimizer of one sharded DistributedOptimizer."""
 
     def __init__(
@@ -128,7 +128,7 @@ class ShardedReducer(_Reducer):
             model.register_state_dict_pre_hook(lambda *_, **__: self.wait_parameters())
 
     # -- backward: ZeRO-2 reduce-scatters the buckets --------------------------------------------
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: Bucket) -> None:
         if self.stage != "gradients":
             super()._launch(bucket)
             return
@@ -141,7 +141,7 @@ class ShardedReducer(_Reducer):
         else:
             job()
 
-    def _scatter(self, bucket: _Bucket) -> None:
+    def _scatter(self, bucket: Bucket) -> None:
         """Average ``bucket`` over the ranks, keep this rank's block, free the bucket's grads."""
         try:
             b = self._buckets.index(bucket)
@@ -295,7 +295,7 @@ class _Job:
         self.fn(*self.args)
 
 
-class _Sharded(_Distributed):
+class _Sharded(DistributedMixin):
     """The methods a sharded distributed optimizer puts before its class's."""
 
     _hd: ShardedReducer
