@@ -31,8 +31,10 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from hpcdist.collectives.options import CommunicationImplementation as CI
 
@@ -52,6 +54,35 @@ BAND_VAR = "HPCDIST_MPI_BAND"
 #: benchmark and that script to regenerate it (docs/performance.md, "AUTO's MPI band").
 MPI_BAND = (4 << 20, 32 << 20)
 _band_cache: dict[str | None, tuple[int, int]] = {}
+
+
+def _c_getenv() -> Callable[[bytes], Any] | None:
+    """The C library's ``getenv`` (which ``os.environ[...] = ...`` updates through
+    ``putenv``), or ``None`` where it cannot be loaded."""
+    if os.name != "posix":
+        return None
+    try:
+        getenv = ctypes.CDLL(None).getenv
+    except (OSError, AttributeError):  # pragma: no cover - no C library to load
+        return None
+    getenv.restype = ctypes.c_char_p
+    getenv.argtypes = [ctypes.c_char_p]
+    return getenv
+
+
+_GETENV = _c_getenv()
+_ENV_KEYS = (ENV_VAR.encode(), BAND_VAR.encode())
+
+
+def steering() -> tuple[Any, Any]:
+    """``HPCDIST_COLLECTIVES`` and ``HPCDIST_MPI_BAND`` as set now: the key under which
+    the engine remembers its picks, read on every call so a change takes effect at once
+    (through the C library's ``getenv`` where there is one: a third of ``os.environ``'s cost)."""
+    getenv = _GETENV
+    if getenv is not None:
+        return getenv(_ENV_KEYS[0]), getenv(_ENV_KEYS[1])
+    env = os.environ
+    return env.get(ENV_VAR), env.get(BAND_VAR)
 
 
 def env_implementation(environ: Mapping[str, str] | None = None) -> CI:
