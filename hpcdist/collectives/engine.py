@@ -40,6 +40,7 @@ import numpy as np
 from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's type out
 from hpcdist.arrays import asarray, device_of, to_host
 from hpcdist.collectives import choice
+from hpcdist.collectives.choice import BAND_KEY, ENV_KEY, band_reads, read_env
 from hpcdist.collectives.device_path import has_device_arrays
 from hpcdist.collectives.fusion import Layout, unfuse
 from hpcdist.collectives.inputs import check_axis, check_out, deliver, place, split_bounds
@@ -64,6 +65,7 @@ from hpcdist.runtime import world
 _OPS = {op.name: op for op in ReduceOp} | {op.name.lower(): op for op in ReduceOp}
 #: Device transports the device path knows (other algorithms' calls stage through the host).
 _TRANSPORTS = frozenset({"copy", "nccl", "hierarchical", "mpi-device", "staged"})
+_UNREAD = object()  # a remembered pick that did not depend on that variable
 
 
 def _reduce_op(op: Any) -> ReduceOp:
@@ -111,7 +113,7 @@ class Collectives:
         self._options = options if options is not None else CommunicationOptions()
         self._merged_cache: dict[Any, CommunicationOptions] = {}
         self._generation = -1  # of the process-wide default timeout the cache was built for
-        self._picked: dict[tuple[Any, ...], Any] = {}  # the algorithm of each call's key
+        self._picked: dict[int, Any] = {}  # per call digest: algorithm, what it depended on
         #: The registered algorithm (its name) that ran the last allreduce or reduce_scatter.
         self.last_algorithm: str | None = None
 
@@ -200,7 +202,7 @@ class Collectives:
             layout = self._session.fused_layout(key, items, op, opts)
         if out is not None:
             out = check_out(out, layout)
-        fused = self._reduce(items, layout, opts, key)
+        fused = self._reduce(items, layout, opts)
         results: list[Any] = [None] * len(items)
         for group, buf in zip(layout.groups, fused, strict=True):
             if op is ReduceOp.MEAN and group.wire.kind in "iu":
@@ -424,17 +426,27 @@ class Collectives:
         )
 
     def _reduce(
-        self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions, key: Any
+        self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions
     ) -> list[np.ndarray]:
-        """Run the registered algorithm for this call (remembered per layout key, the
-        environment variables that steer AUTO and the registry's generation)."""
-        picked_key = (key, *choice.steering(), generation())
-        algorithm = self._picked.get(picked_key)
-        if algorithm is None:
+        """Run the registered algorithm for this call, remembered per call signature with
+        the registry's generation and the environment variables the pick read (AUTO reads
+        ``HPCDIST_COLLECTIVES``, and ``HPCDIST_MPI_BAND`` if ``mpi-direct`` was asked)."""
+        known = self._picked.get(layout.digest)
+        if (
+            known is not None
+            and known[1] == generation()
+            and (known[2] is _UNREAD or known[2] == read_env(ENV_KEY))
+            and (known[3] is _UNREAD or known[3] == read_env(BAND_KEY))
+        ):
+            algorithm = known[0]
+        else:
+            env = read_env(ENV_KEY) if opts.implementation is CI.AUTO else _UNREAD
+            reads = band_reads()
             algorithm = pick(self._where(layout, opts))
+            band = read_env(BAND_KEY) if band_reads() != reads else _UNREAD
             if len(self._picked) >= LAYOUT_CACHE_SIZE:
                 self._picked.clear()
-            self._picked[picked_key] = algorithm
+            self._picked[layout.digest] = (algorithm, generation(), env, band)
         self.last_algorithm = algorithm.name
         fused: list[np.ndarray] = algorithm.allreduce(self._session, items, layout, opts)
         return fused

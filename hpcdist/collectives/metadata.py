@@ -44,10 +44,7 @@ def describe_arrays(arrays: Iterable[Any]) -> str:
 
 
 def signature_hash(text: str) -> int:
-    """A stable hash of ``text`` in ``[0, 2**63)``, the same in every process.
-
-    Example: ``signature_hash("allreduce SUM [float32(4,)]")``.
-    """
+    """A stable hash of ``text`` in ``[0, 2**63)``, the same in every process."""
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
@@ -124,7 +121,7 @@ def check_dtype(dtype: np.dtype, operation: str, index: int | None = None) -> No
     """Raise a clear ``TypeError`` unless ``dtype`` is one the collectives reduce and move.
 
     Booleans, integers, floats and complex numbers pass; objects, strings and
-    structured dtypes do not. Example: ``check_dtype(np.dtype(np.float32), "allreduce")``.
+    structured dtypes do not.
     """
     if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
         where = "" if index is None else f" (tensor {index})"

@@ -47,10 +47,7 @@ def message_ranges(total: int, itemsize: int, message_bytes: int) -> list[tuple[
 
 
 def reduce_calls(comm: Any, buf: np.ndarray, op: ReduceOp, bytes_per_pack: int) -> Plan:
-    """The MPI calls that reduce ``buf`` (1-D, contiguous) in place with ``op`` (MEAN as SUM).
-
-    Example: see the module docstring.
-    """
+    """The MPI calls that reduce ``buf`` (1-D, contiguous) in place with ``op`` (MEAN as SUM)."""
     MPI = mpi()
     mpi_op = MPI.MIN if op is ReduceOp.MIN else MPI.MAX if op is ReduceOp.MAX else MPI.SUM
     size = comm.Get_size()
