@@ -3,9 +3,8 @@
 The engine hands a call here when its tensors are device arrays (CuPy, or
 any array type with a registered :class:`~hpcdist.runtime.device.DeviceRuntime`).
 An allreduce packs each dtype group into one flat device buffer (one kernel
-launch), the registry's device algorithm (``copy``, ``nccl``, ``hierarchical``,
-``mpi-device`` or ``staged``, see :mod:`hpcdist.collectives.registry`) reduces
-the buffers through this class's services (:meth:`DevicePath.prepare`,
+launch), the device algorithm the registry picks (:mod:`hpcdist.collectives.registry`)
+reduces the buffers through this class's services (:meth:`DevicePath.prepare`,
 :meth:`DevicePath.nccl_comm`, :meth:`DevicePath.agree`,
 :meth:`DevicePath.mpi_reduce`, :meth:`DevicePath.staged_reduce`), and the
 results are views of them, on the inputs' GPU. Broadcast, allgather and
