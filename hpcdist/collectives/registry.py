@@ -17,7 +17,7 @@ the same result.
 
 Example:
     >>> [a.name for a in registered()]  # doctest: +NORMALIZE_WHITESPACE
-    ['copy', 'nccl', 'hierarchical', 'mpi-device', 'staged', 'small', 'mpi-direct', 'shm',
+    ['copy', 'nccl', 'small', 'mpi-direct', 'shm', 'hierarchical', 'mpi-device', 'staged',
      'mpi']
 """
 
@@ -56,15 +56,15 @@ def generation() -> int:
 
 
 def _defaults() -> list[Any]:
-    return [
+    return [  # (device and host algorithms say no to each other's calls: each kind keeps its order)
         copy.ALGORITHM,  # one rank: copies (host and device)
         nccl.ALGORITHM,  # device: NCCL over the whole communicator
-        hierarchical.ALGORITHM,  # several nodes: in the nodes, then between node leaders
-        device_mpi.ALGORITHM,  # device: CUDA-aware MPI on device pointers
-        staged.ALGORITHM,  # device: pinned host copies and the host algorithms below
         small.ALGORITHM,  # one node, <= 4 KiB, unchecked: pack, one barrier, fold
         mpi_direct.ALGORITHM,  # AUTO, one node of two ranks, MPI's size band
         shm.ALGORITHM,  # one node: the shared window
+        hierarchical.ALGORITHM,  # several nodes: in the nodes, then between node leaders
+        device_mpi.ALGORITHM,  # device: CUDA-aware MPI on device pointers
+        staged.ALGORITHM,  # device: pinned host copies and the host algorithms
         mpi.ALGORITHM,  # every other host call: buffer-mode MPI
     ]
 

@@ -25,11 +25,11 @@ def _where(device, operation="allreduce", implementation=CI.AUTO, size=2, nccl=F
     )
 
 
-def test_default_order_device_algorithms_then_host_ones_each_ending_with_a_fallback():
+def test_default_order_each_kind_ending_with_a_fallback():
     names = [a.name for a in registry.registered()]
     assert names == [
-        "copy", "nccl", "hierarchical", "mpi-device", "staged",
-        "small", "mpi-direct", "shm", "mpi",
+        "copy", "nccl", "small", "mpi-direct", "shm", "hierarchical", "mpi-device", "staged",
+        "mpi",
     ]
     algorithms = {a.name: a for a in registry.registered()}
     assert algorithms["mpi"].applies(_where(False))  # mpi: whatever the host call
