@@ -496,3 +496,17 @@ __all__ += [
     "TooFewGPUsError",
     "BenchmarkError",
 ]
+
+
+class GpuSetupError(HpcdistError, RuntimeError):
+    """CuPy is installed but cannot use this machine's GPUs (a broken install, or a wheel
+    built for a newer CUDA than the driver), so hpcdist refuses to fall back to the CPU
+    silently. The message names the wheel to install, or how to run on CPUs on purpose.
+
+    Example:
+        >>> issubclass(GpuSetupError, RuntimeError)
+        True
+    """
+
+
+__all__ += ["GpuSetupError"]

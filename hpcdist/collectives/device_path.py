@@ -33,12 +33,19 @@ import numpy as np
 from hpcdist.collectives.metadata import check_dtype, describe_arrays, signature_hash
 from hpcdist.collectives.mpi_backend import Call, Plan, drive
 from hpcdist.collectives.mpi_reduce import reduce_calls
-from hpcdist.collectives.nccl import NcclComm
+from hpcdist.collectives.nccl import NcclComm, ranks_share_gpu
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.runtime import cuda_aware_support
-from hpcdist.runtime.device import DeviceRuntime, device_arrays, is_device_array, runtime_for
+from hpcdist.runtime.device import (
+    DeviceArrayError,
+    DeviceRuntime,
+    device_arrays,
+    is_c_contiguous,
+    is_device_array,
+    runtime_for,
+)
 
 if TYPE_CHECKING:
     from hpcdist.collectives.fusion import Layout
@@ -99,10 +106,18 @@ class DevicePath:
         self.cuda_aware = session.size > 1 and cuda_aware_support() is True
         self._nccl: dict[tuple[str, int], Any] = {}
         self._pinned: dict[Any, tuple[np.ndarray, Any]] = {}
+        self._shared: bool | None = None  # two ranks on one GPU (see shares_gpu)
 
     def _routed(self, route: str) -> str:
         self._session.last_device_route = route
         return route
+
+    def shares_gpu(self, rt: DeviceRuntime, gpu: int) -> bool:
+        """Whether two ranks run on one GPU (NCCL refuses it; this rank's is ``gpu``):
+        gathered once, collectively."""
+        if self._shared is None:
+            self._shared = ranks_share_gpu(self._session.comm, rt.device_identity(gpu))
+        return self._shared
 
     def nccl_comm(self, scope: str, device: int) -> Any:
         """The NCCL communicator of ``scope`` ("world" or "node") on GPU ``device``, made
@@ -234,15 +249,15 @@ class DevicePath:
     @_on_gpu
     def allreduce(
         self, tensors: Sequence[Any], op: ReduceOp, opts: CommunicationOptions, out: Any,
-        choose: Callable[[Layout], Any],
+        choose: Callable[[Layout, Any], Any],
     ) -> tuple[Any, list[Any]]:
-        """The algorithm ``choose(layout)`` picks (the registry's) reduces the call's
+        """The algorithm ``choose(layout, device_array)`` picks (the registry's) reduces the call's
         groups; returns it and the results (copied into ``out`` when given)."""
         session = self._session
         items, rt, _, stream = self._on_device(tensors, "allreduce")
         key = ("device-allreduce", op, opts, *[(t.shape, np.dtype(t.dtype)) for t in items])
         layout = session.fused_layout(key, items, op, opts)
-        algorithm = choose(layout)
+        algorithm = choose(layout, items[0])
         flats = algorithm.allreduce(session, items, layout, opts)
         self._routed(algorithm.name)
         return algorithm, self._unfuse(layout, flats, op, rt, stream, out)
@@ -278,6 +293,12 @@ class DevicePath:
                 raise ValueError(
                     f"out[{i}] must be a device array of shape {result.shape} and dtype "
                     f"{result.dtype}; got {type(target).__name__}"
+                )
+            if not is_c_contiguous(target):  # a flat copy would scatter it wrongly
+                raise DeviceArrayError(
+                    f"out[{i}] of shape {tuple(target.shape)} is not C-contiguous; pass a "
+                    "contiguous out array (cupy.ascontiguousarray), or no out= and copy the "
+                    "result into the view yourself"
                 )
             rt.copy(target, result, stream)
         return targets

@@ -51,7 +51,7 @@ from hpcdist.collectives.nccl import nccl_available
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions, get_default_timeout
-from hpcdist.collectives.options import _Default as _DefaultTimeout
+from hpcdist.collectives.options import Default as _DefaultTimeout
 from hpcdist.collectives.plans import (
     allgather_list_plan,
     allgather_plan,
@@ -61,6 +61,7 @@ from hpcdist.collectives.plans import (
 from hpcdist.collectives.registry import Algorithm, Where, generation, pick
 from hpcdist.collectives.session import LAYOUT_CACHE_SIZE, Session, clip, mode
 from hpcdist.runtime import world
+from hpcdist.runtime.device import is_device_array, runtime_for
 
 _OPS = {op.name: op for op in ReduceOp} | {op.name.lower(): op for op in ReduceOp}
 #: Device transports the device path knows (other algorithms' calls stage through the host).
@@ -232,7 +233,7 @@ class Collectives:
         opts = self._merged(options)
         if has_device_arrays([tensor]):
             path = self._session.device_path()
-            return path.reduce_scatter(tensor, op, opts, self._transport(opts))
+            return path.reduce_scatter(tensor, op, opts, self._transport(opts, [tensor]))
         items, places = _host_arrays([tensor], "reduce_scatter")
         x = items[0]
         if x.ndim == 0:
@@ -274,7 +275,7 @@ class Collectives:
         if has_device_arrays([tensor]):
             check_axis(axis)
             path = self._session.device_path()
-            return path.allgather(tensor, int(axis), opts, self._transport(opts))
+            return path.allgather(tensor, int(axis), opts, self._transport(opts, [tensor]))
         x = asarray(tensor)
         where = device_of(x)
         host = to_host(x)
@@ -363,7 +364,7 @@ class Collectives:
         root = int(root)
         if has_device_arrays(tensors):
             path = self._session.device_path()
-            return path.broadcast(tensors, root, opts, self._transport(opts))
+            return path.broadcast(tensors, root, opts, self._transport(opts, tensors))
         items, places = _host_arrays(tensors, "broadcast")
         if self._size == 1:
             results = [np.array(a, copy=True) for a in items]
@@ -406,9 +407,10 @@ class Collectives:
 
     def _where(
         self, layout: Layout | None, opts: CommunicationOptions, operation: str = "allreduce",
-        device: bool = False,
+        device: Any = None,
     ) -> Where:
-        """The facts of a call (collective on the engine's first call: the topology)."""
+        """The facts of a call (collective on the engine's first call: the topology);
+        ``device``: a device array of the call, for a device call."""
         size = self._size
         asked = opts.implementation
         if asked is CI.AUTO:
@@ -418,11 +420,15 @@ class Collectives:
             top = self._session.topology(opts.timeout_seconds)
             nodes, largest = top.nodes, top.largest_node
         nccl = cuda_aware = False
-        if device and size > 1:
-            cuda_aware = self._session.device_path().cuda_aware
-            nccl = asked in (CI.AUTO, CI.HIERARCHICAL) and nccl_available()[0]
+        if device is not None and size > 1:
+            path = self._session.device_path()
+            cuda_aware = path.cuda_aware
+            if asked in (CI.AUTO, CI.HIERARCHICAL):  # (NCCL refuses two ranks on one GPU)
+                rt = runtime_for(device)
+                nccl = not path.shares_gpu(rt, rt.device_id(device)) and nccl_available()[0]
         return Where(
-            layout, opts, asked, size, nodes, largest, top, device, nccl, cuda_aware, operation
+            layout, opts, asked, size, nodes, largest, top, device is not None, nccl, cuda_aware,
+            operation,
         )
 
     def _reduce(
@@ -454,18 +460,19 @@ class Collectives:
     def _device_allreduce(
         self, tensors: Sequence[Any], op: ReduceOp, opts: CommunicationOptions, out: Any
     ) -> list[Any]:
-        def choose(layout: Layout) -> Algorithm:
-            return pick(self._where(layout, opts, device=True))
+        def choose(layout: Layout, device: Any) -> Algorithm:
+            return pick(self._where(layout, opts, device=device))
 
         path = self._session.device_path()
         algorithm, results = path.allreduce(tensors, op, opts, out, choose)
         self.last_algorithm = algorithm.name  # (after: staging runs a host algorithm inside)
         return results
 
-    def _transport(self, opts: CommunicationOptions) -> str:
+    def _transport(self, opts: CommunicationOptions, tensors: Sequence[Any]) -> str:
         """The device algorithm the registry picks for a device call of ``opts`` without a
         layout: the transport of a device broadcast, allgather or reduce_scatter."""
-        name = pick(self._where(None, opts, device=True)).name
+        device = next(t for t in tensors if t.__class__ is not np.ndarray and is_device_array(t))
+        name = pick(self._where(None, opts, device=device)).name
         return name if name in _TRANSPORTS else "staged"
 
     def _merged(self, options: CommunicationOptions | None) -> CommunicationOptions:

@@ -299,7 +299,7 @@ def stall_warning_seconds(
     return _seconds_from(STALL_VAR, text)
 
 
-class _Default:
+class Default:
     """The process-wide default timeout; ``generation`` changes whenever it does."""
 
     unset = True  # not set yet: read HPCDIST_TIMEOUT_SECONDS on first use
@@ -321,8 +321,8 @@ def set_default_timeout(seconds: float | None) -> None:
         >>> set_default_timeout(before)
     """
     value = _check_timeout(seconds)
-    _Default.timeout, _Default.unset = value, False
-    _Default.generation += 1
+    Default.timeout, Default.unset = value, False
+    Default.generation += 1
 
 
 def get_default_timeout() -> float | None:
@@ -334,7 +334,7 @@ def get_default_timeout() -> float | None:
         >>> get_default_timeout() is None or get_default_timeout() > 0
         True
     """
-    if _Default.unset:
-        _Default.timeout, _Default.unset = timeout_from_env(), False
-        _Default.generation += 1
-    return _Default.timeout
+    if Default.unset:
+        Default.timeout, Default.unset = timeout_from_env(), False
+        Default.generation += 1
+    return Default.timeout

@@ -36,7 +36,8 @@ class Where(NamedTuple):
     largest_node: int = 1  # ranks on the fullest node
     topology: Topology | None = None  # the session's (None in a world of one)
     device: bool = False  # the call's arrays are device (GPU) arrays
-    nccl: bool = False  # device calls: NCCL is usable (several ranks, a provider found)
+    #: Device calls: NCCL is usable (several ranks, a provider found, no two ranks on one GPU).
+    nccl: bool = False
     cuda_aware: bool = False  # device calls: MPI takes device pointers
     operation: str = "allreduce"  # or "reduce_scatter"
 

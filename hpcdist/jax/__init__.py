@@ -72,10 +72,7 @@ def broadcast(tree: Any, root: int = 0, strategy: Any = None) -> Any:
 
 
 def all_gather(tree: Any, axis: int = 0, strategy: Any = None) -> Any:
-    """Every leaf of ``tree`` concatenated along ``axis`` over all replicas, in replica order.
-
-    Example: ``all_preds = hdj.all_gather(preds)``.
-    """
+    """Every leaf of ``tree`` concatenated along ``axis`` over all replicas, in replica order."""
     leaves, treedef = _leaves(tree)
     ctx = _replica_context() if strategy is None else None
     if ctx is not None:

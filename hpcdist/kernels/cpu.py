@@ -39,7 +39,7 @@ import numpy as np
 from numba import njit, types
 from numba.core.extending import overload
 
-from hpcdist.kernels._llvm import _memcpy, _pointer, _stack_block
+from hpcdist.kernels._llvm import memcpy, pointer, stack_block
 from hpcdist.kernels.half import float_to_half, half_to_float
 
 __all__ = ["MAX", "MEAN", "MIN", "SUM", "gather_bytes", "reduce_slots", "scale", "scatter_bytes"]
@@ -140,7 +140,7 @@ def _gather(dst: np.ndarray, addrs: np.ndarray, nbytes: np.ndarray, offsets: np.
         return bad
     base = np.int64(dst.ctypes.data)
     for i in range(addrs.shape[0]):
-        _memcpy(base + offsets[i], addrs[i], nbytes[i])
+        memcpy(base + offsets[i], addrs[i], nbytes[i])
     return -1
 
 
@@ -151,7 +151,7 @@ def _scatter(src: np.ndarray, addrs: np.ndarray, nbytes: np.ndarray, offsets: np
         return bad
     base = np.int64(src.ctypes.data)
     for i in range(addrs.shape[0]):
-        _memcpy(addrs[i], base + offsets[i], nbytes[i])
+        memcpy(addrs[i], base + offsets[i], nbytes[i])
     return -1
 
 
@@ -269,9 +269,9 @@ def _fold_elementwise(
     """
     dt = _token_dtype(token)
     for i in range(count):
-        a = _widen(_pointer(src + i * col_bytes, dt)[0], dt)
+        a = _widen(pointer(src + i * col_bytes, dt)[0], dt)
         for k in range(1, nrows):
-            b = _widen(_pointer(src + k * row_bytes + i * col_bytes, dt)[0], dt)
+            b = _widen(pointer(src + k * row_bytes + i * col_bytes, dt)[0], dt)
             if op == MIN:
                 # np.minimum: a NaN in either operand wins (never true for integers)
                 a = a if a != a or a <= b else b
@@ -281,7 +281,7 @@ def _fold_elementwise(
                 a = a + b
         if op == MEAN:
             a = _divide(a, divisor, dt)
-        _put(_pointer(dst + i * out_bytes, dt), 0, a, dt)
+        _put(pointer(dst + i * out_bytes, dt), 0, a, dt)
 
 
 # The kernels below handle contiguous rows block by block, with vectorised loops
@@ -316,18 +316,18 @@ def _fold(
     for k in range(nrows):
         if dst == src + k * row_bytes:
             alias = k
-    acc = numba.carray(_stack_block(_BLOCK, dt), _BLOCK)
+    acc = numba.carray(stack_block(_BLOCK, dt), _BLOCK)
     for b0 in range(0, count, _BLOCK):
         bn = min(_BLOCK, count - b0)
         off = b0 * itemsize
-        x = numba.carray(_pointer(src + off, dt), bn)
-        y = numba.carray(_pointer(src + row_bytes + off, dt), bn)
-        o = numba.carray(_pointer(dst + off, dt), bn)
+        x = numba.carray(pointer(src + off, dt), bn)
+        y = numba.carray(pointer(src + row_bytes + off, dt), bn)
+        o = numba.carray(pointer(dst + off, dt), bn)
         if alias >= 2:
             for j in range(bn):
                 acc[j] = x[j] + y[j]
             for k in range(2, alias):
-                row = numba.carray(_pointer(src + k * row_bytes + off, dt), bn)
+                row = numba.carray(pointer(src + k * row_bytes + off, dt), bn)
                 for j in range(bn):
                     acc[j] = acc[j] + row[j]
             for j in range(bn):
@@ -342,7 +342,7 @@ def _fold(
             for j in range(bn):
                 o[j] = x[j] + y[j]
         for k in range(max(2, alias + 1), nrows):
-            row = numba.carray(_pointer(src + k * row_bytes + off, dt), bn)
+            row = numba.carray(pointer(src + k * row_bytes + off, dt), bn)
             for j in range(bn):
                 o[j] = o[j] + row[j]
         if op == MEAN:
@@ -367,12 +367,12 @@ def _fold_minmax(
     may be exactly one of the rows. NaN propagates as in ``np.minimum``.
     """
     dt = _token_dtype(token)
-    acc = numba.carray(_stack_block(_BLOCK, dt), _BLOCK)
+    acc = numba.carray(stack_block(_BLOCK, dt), _BLOCK)
     for b0 in range(0, count, _BLOCK):
         bn = min(_BLOCK, count - b0)
         off = b0 * itemsize
-        x = numba.carray(_pointer(src + off, dt), bn)
-        y = numba.carray(_pointer(src + row_bytes + off, dt), bn)
+        x = numba.carray(pointer(src + off, dt), bn)
+        y = numba.carray(pointer(src + row_bytes + off, dt), bn)
         if op == MIN:
             for j in range(bn):
                 a = x[j]
@@ -384,7 +384,7 @@ def _fold_minmax(
                 b = y[j]
                 acc[j] = a if a != a or a >= b else b
         for k in range(2, nrows):
-            row = numba.carray(_pointer(src + k * row_bytes + off, dt), bn)
+            row = numba.carray(pointer(src + k * row_bytes + off, dt), bn)
             if op == MIN:
                 for j in range(bn):
                     a = acc[j]
@@ -395,7 +395,7 @@ def _fold_minmax(
                     a = acc[j]
                     b = row[j]
                     acc[j] = a if a != a or a >= b else b
-        o = numba.carray(_pointer(dst + off, dt), bn)
+        o = numba.carray(pointer(dst + off, dt), bn)
         for j in range(bn):
             o[j] = acc[j]
 
@@ -406,20 +406,20 @@ def _fold_half(
 ) -> None:
     """:func:`_fold` for float16 bits: each block adds in a float32 accumulator."""
     dt = np.float16
-    acc = numba.carray(_stack_block(_BLOCK, dt), _BLOCK)
+    acc = numba.carray(stack_block(_BLOCK, dt), _BLOCK)
     d = np.float32(divisor)
     for b0 in range(0, count, _BLOCK):
         bn = min(_BLOCK, count - b0)
         off = b0 * 2
-        x = numba.carray(_pointer(src + off, dt), bn)
-        y = numba.carray(_pointer(src + row_bytes + off, dt), bn)
+        x = numba.carray(pointer(src + off, dt), bn)
+        y = numba.carray(pointer(src + row_bytes + off, dt), bn)
         for j in range(bn):
             acc[j] = half_to_float(x[j]) + half_to_float(y[j])
         for k in range(2, nrows):
-            row = numba.carray(_pointer(src + k * row_bytes + off, dt), bn)
+            row = numba.carray(pointer(src + k * row_bytes + off, dt), bn)
             for j in range(bn):
                 acc[j] = acc[j] + half_to_float(row[j])
-        o = numba.carray(_pointer(dst + off, dt), bn)
+        o = numba.carray(pointer(dst + off, dt), bn)
         if op == MEAN:
             for j in range(bn):
                 o[j] = float_to_half(acc[j] / d)
@@ -529,8 +529,6 @@ def fold_rows(
     with the same compiled kernels, so the bits equal :func:`reduce_slots`'s.
     ``char`` is the dtype's character (``"f"`` for float32). The caller
     guarantees what :func:`reduce_slots` checks.
-
-    Example: ``fold_rows(slots_addr, slot_bytes, 2, n, out_addr, SUM, 2, "f")``.
     """
     if count <= 0:
         return
@@ -553,12 +551,12 @@ def fold_rows(
 def _scale(base: int, n: int, stride: int, divisor: int, itemsize: int, token: np.ndarray) -> None:
     dt = _token_dtype(token)
     if stride == itemsize:
-        x = numba.carray(_pointer(base, dt), n)
+        x = numba.carray(pointer(base, dt), n)
         for i in range(n):
             _put(x, i, _divide(_widen(x[i], dt), divisor, dt), dt)
     else:
         for i in range(n):
-            p = _pointer(base + i * stride, dt)
+            p = pointer(base + i * stride, dt)
             _put(p, 0, _divide(_widen(p[0], dt), divisor, dt), dt)
 
 

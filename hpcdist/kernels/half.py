@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hpcdist.kernels._llvm import _f32_bits, _f32_from_bits
+from hpcdist.kernels._llvm import f32_bits, f32_from_bits
 
 __all__ = ["float_to_half", "half_to_float"]
 
@@ -54,10 +54,10 @@ def half_to_float(bits: np.uint16) -> np.float32:
     # infinity or NaN: exponent all ones, mantissa (payload) kept
     o = o + (_mask(exp == _EXP_MASK) & _REBIAS)
     # zero or subnormal: renormalise with one float subtraction
-    sub = _f32_from_bits(np.uint32(o + (1 << 23))) - _f32_from_bits(np.uint32(_SUBNORMAL_MAGIC))
+    sub = f32_from_bits(np.uint32(o + (1 << 23))) - f32_from_bits(np.uint32(_SUBNORMAL_MAGIC))
     is_sub = _mask(exp == 0)
-    o = (o & ~is_sub) | (np.int64(_f32_bits(sub)) & is_sub)
-    return _f32_from_bits(np.uint32((o | ((h & 0x8000) << 16)) & _LOW32))
+    o = (o & ~is_sub) | (np.int64(f32_bits(sub)) & is_sub)
+    return f32_from_bits(np.uint32((o | ((h & 0x8000) << 16)) & _LOW32))
 
 
 _F32_INF = 0x7F800000
@@ -76,7 +76,7 @@ def float_to_half(value: np.float32) -> np.uint16:
 
     Example: ``float_to_half(np.float32(1.0))`` is ``0x3C00``.
     """
-    bits = np.int64(_f32_bits(np.float32(value)))
+    bits = np.int64(f32_bits(np.float32(value)))
     sign = bits & 0x80000000
     u = bits ^ sign
     # NaN keeps the top of its payload, and stays a NaN when that is zero
@@ -85,8 +85,8 @@ def float_to_half(value: np.float32) -> np.uint16:
     big_mask = _mask(u > _F32_INF)
     big = (nan & big_mask) | (0x7C00 & ~big_mask)
     # subnormal (and zero): one float addition rounds to the subnormal grid
-    sub_f = _f32_from_bits(np.uint32(u)) + _f32_from_bits(np.uint32(_DENORM_MAGIC))
-    sub = (np.int64(_f32_bits(sub_f)) - _DENORM_MAGIC) & _LOW32
+    sub_f = f32_from_bits(np.uint32(u)) + f32_from_bits(np.uint32(_DENORM_MAGIC))
+    sub = (np.int64(f32_bits(sub_f)) - _DENORM_MAGIC) & _LOW32
     # normal: rebias the exponent and round the mantissa to nearest even
     normal = (((u + _NORMAL_BIAS) & _LOW32) + ((u >> 13) & 1)) >> 13
     sub_mask = _mask(u < _F16_MIN_NORMAL)

@@ -6,7 +6,7 @@ Input, Flatten (normalization: :mod:`hpcdist.nn.normalization`; Embedding:
 returns ``(dx, grads)``, ``grads`` aligned with ``layer.trainable_weights``.
 Both are pure: nothing is stored on the layer, so the replicas of a
 ``MirroredStrategy`` can run one layer at the same time on their threads.
-Weights are read with ``var._read()``, which inside ``strategy.run`` is the
+Weights are read with ``var.raw_value()``, which inside ``strategy.run`` is the
 current replica's copy. Inputs are cast to the layer's dtype
 (:func:`hpcdist.nn.backend.floatx` unless given).
 
@@ -75,7 +75,7 @@ def cast_input(x: Any, dtype: str, xp: Any = None) -> Any:
     Example: ``cast_input([1, 2], "float32")`` is ``array([1., 2.], dtype=float32)``.
     """
     if not is_array(x):
-        x = asarray(x._read() if isinstance(x, Variable) else x)
+        x = asarray(x.raw_value() if isinstance(x, Variable) else x)
     if xp is None:
         xp = array_module(x)
     elif xp is np and is_cupy(x):
@@ -104,7 +104,7 @@ def check_build_context(what: str, how: str) -> None:
         )
 
 
-def _check_shape(what: str, expected: tuple, found: tuple) -> None:
+def check_shape(what: str, expected: tuple, found: tuple) -> None:
     if tuple(found) != tuple(expected):
         raise ValueError(
             f"{what}: the output gradient dy has shape {tuple(found)}, but the layer's output had "
@@ -192,10 +192,7 @@ class Layer:
 
     # -- building ----------------------------------------------------------------------
     def build(self, input_shape: tuple) -> None:
-        """Create the weights for inputs of ``input_shape`` (batch dimension included).
-
-        Example: ``layer.build((None, 10))``.
-        """
+        """Create the weights for inputs of ``input_shape`` (batch dimension included)."""
         self.built = True
 
     def _build(self, input_shape: tuple) -> None:
@@ -223,8 +220,6 @@ class Layer:
 
         A ``regularizer`` (:mod:`hpcdist.nn.regularizers`) adds its penalty of
         the weight to :attr:`losses`.
-
-        Example: ``self.kernel = self.add_weight("kernel", (n_in, n_out), "glorot_uniform")``.
         """
         if self._name is None:
             self._name = self._base_name
@@ -258,7 +253,7 @@ class Layer:
 
         Example: ``Dense(2, kernel_regularizer="l2").losses`` after building.
         """
-        return [reg(var._read()) for var, reg in self._regularized]
+        return [reg(var.raw_value()) for var, reg in self._regularized]
 
     def compute_output_shape(self, input_shape: tuple) -> tuple:
         """The output shape for ``input_shape`` (the same, unless a subclass says otherwise).
@@ -344,8 +339,6 @@ class InputLayer(Layer):
 
     ``Sequential([InputLayer((10,)), Dense(1)])`` builds at construction; the
     input layer is not listed in ``model.layers`` (as in Keras).
-
-    Example: ``InputLayer((28 * 28,))``.
     """
 
     def __init__(
@@ -436,7 +429,7 @@ class Dense(Layer):
 
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
         self._require_built()
-        w = self.kernel._read()
+        w = self.kernel.raw_value()
         x = cast_input(x, self.dtype, array_module(w))
         if x.ndim == 0 or x.shape[-1] != w.shape[0]:
             raise ValueError(
@@ -445,7 +438,7 @@ class Dense(Layer):
             )
         z = x @ w
         if self.bias is not None:
-            z += self.bias._read()
+            z += self.bias.raw_value()
         y, act_cache = self.activation.forward(z)
         return y, (x, w, act_cache)
 
@@ -461,7 +454,7 @@ class Dense(Layer):
         x, w, act_cache = cache
         xp = array_module(w)
         dy = cast_input(dy, self.dtype, xp)
-        _check_shape(f"Dense layer {self.name!r}", (*x.shape[:-1], self.units), dy.shape)
+        check_shape(f"Dense layer {self.name!r}", (*x.shape[:-1], self.units), dy.shape)
         dz = self.activation.backward(act_cache, dy)
         grads = []
         if self._trainable:
@@ -518,7 +511,7 @@ class Activation(Layer):
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
         act_cache, shape = cache
         dy = cast_input(dy, self.dtype)
-        _check_shape(f"Activation layer {self.name!r}", shape, dy.shape)
+        check_shape(f"Activation layer {self.name!r}", shape, dy.shape)
         return self.activation.backward(act_cache, dy), []
 
     def get_config(self) -> dict[str, Any]:
@@ -595,7 +588,7 @@ class Dropout(Layer):
         dy = cast_input(dy, self.dtype)
         if cache is None:
             return dy, []
-        _check_shape(f"Dropout layer {self.name!r}", cache.shape, dy.shape)
+        check_shape(f"Dropout layer {self.name!r}", cache.shape, dy.shape)
         return dy * cache, []
 
     def get_config(self) -> dict[str, Any]:
@@ -650,5 +643,5 @@ class Flatten(Layer):
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
         dy = cast_input(dy, self.dtype)
         expected = (cache[0], int(np.prod(cache[1:], dtype=np.int64)))
-        _check_shape(f"Flatten layer {self.name!r}", expected, dy.shape)
+        check_shape(f"Flatten layer {self.name!r}", expected, dy.shape)
         return dy.reshape(cache), []

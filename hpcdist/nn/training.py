@@ -64,6 +64,7 @@ class Trainer:
         def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]: ...
         def backward(self, caches: Any, dy: Any) -> list[Any]: ...
         def _regularization(self, grads: list[Any] | None, scale: float) -> float: ...
+        def _scope(self) -> Any: ...
 
     # -- compile ------------------------------------------------------------------------------
     def compile(
@@ -92,7 +93,7 @@ class Trainer:
         if loss is None:
             raise ValueError("compile needs a loss, e.g. loss='sparse_categorical_crossentropy'")
 
-        with self._strategy_scope():
+        with self._scope():
             self.optimizer = optimizers.get(optimizer)
             self.loss = loss
             self._loss_obj = losses.get(loss)
@@ -125,12 +126,6 @@ class Trainer:
             return tuple(self.output_shape) if self.built else None
         except (AttributeError, ValueError):
             return None
-
-    def _strategy_scope(self) -> Any:
-        strategy = self.distribute_strategy
-        if context.get_cross_replica_context() is strategy:
-            return _nullcontext()
-        return strategy.scope()
 
     def _require_compiled(self, method: str) -> None:
         if not getattr(self, "_compiled", False):
@@ -199,10 +194,7 @@ class Trainer:
             m.update_state(y, y_pred, sample_weight=w)
 
     def predict_step(self, data: Any) -> Any:
-        """One replica's predictions for its part of a batch.
-
-        Example: ``strategy.run(model.predict_step, args=(batch,))``.
-        """
+        """One replica's predictions for its part of a batch."""
         x, _, _ = data_adapter.unpack(data)
         return self.forward(x, training=False)[0]
 
@@ -231,7 +223,7 @@ class Trainer:
                 "cannot infer the input shape from the data; build the model first with "
                 "model.build((None, features)) or give the first layer input_shape=(features,)"
             )
-        with self._strategy_scope():
+        with self._scope():
             self.build(tuple(shape))
 
     def _shuffle_seed(self) -> int:
@@ -245,7 +237,7 @@ class Trainer:
             drawn = int(np.random.randint(2**31 - 1))
         seed = np.array([drawn], dtype=np.int64)
         ext = self.distribute_strategy.extended
-        return int(to_host(ext._broadcast_initial_value(seed))[0])
+        return int(to_host(ext.broadcast_initial_value(seed))[0])
 
     def _callbacks(self, callbacks: Any, verbose: int, epochs: int, steps: int | None) -> Any:
         return CallbackList(
@@ -307,7 +299,7 @@ class Trainer:
         cbs = self._callbacks(callbacks, verbose, epochs, steps)
         backup = find_backup(cbs)
         state = FitState(seed, self._distributed(dataset))
-        if backup is not None and backup._begin(self, state):  # resume where the backup is
+        if backup is not None and backup.begin_fit(self, state):  # resume where the backup is
             initial_epoch = state.epoch
             if state.seed != seed:  # the backup's shuffle order, not this run's new seed
                 state.dist = self._distributed(batches(state.seed)[0])
@@ -318,7 +310,7 @@ class Trainer:
                                     steps_per_epoch)  # fmt: skip
         finally:
             if backup is not None:
-                backup._end()
+                backup.end_fit()
 
     def _fit_epochs(
         self, state: FitState, cbs: Any, backup: Any, validation: tuple[Any, int | None],
@@ -341,7 +333,7 @@ class Trainer:
             ran_out = False
             while steps_per_epoch is None or step < steps_per_epoch:
                 if backup is not None:
-                    backup._check_preemption()  # may save here and exit on every worker
+                    backup.check_preemption()  # may save here and exit on every worker
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -409,8 +401,6 @@ class Trainer:
 
         Returns the scalar loss when there are no metrics, else ``[loss, *metrics]``
         (a dict with ``return_dict=True``). Every worker gets the same numbers.
-
-        Example: ``loss, acc = model.evaluate(x_test, y_test, batch_size=256)``.
         """
         self._require_compiled("evaluate")
         verbose = 1 if verbose == "auto" else int(verbose)
@@ -443,8 +433,6 @@ class Trainer:
 
         Under a strategy each replica predicts its part of every batch and the
         parts are gathered, so every worker returns the whole result.
-
-        Example: ``probabilities = model.predict(x_test, batch_size=256)``.
         """
         dataset, _ = data_adapter.as_dataset(x, batch_size=batch_size)
         self._ensure_built(dataset)
@@ -485,10 +473,3 @@ def _global_count(n_local: int) -> float:
         return float(n_local)
     return float(ctx.all_reduce("sum", np.float64(n_local)))
 
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -80,10 +80,7 @@ class _DistributedTape:
 def DistributedGradientTape(  # noqa: N802  (named as in Horovod)
     tape: tf.GradientTape, op: ReduceOp | str = "MEAN", strategy: Any = None
 ) -> Any:
-    """Wrap ``tape`` so that ``tape.gradient(...)`` is averaged (``op``) over the replicas.
-
-    Example: ``grads = hdtf.DistributedGradientTape(tape).gradient(loss, variables)``.
-    """
+    """Wrap ``tape`` so that ``tape.gradient(...)`` is averaged (``op``) over the replicas."""
     return _DistributedTape(tape, op, strategy)
 
 

@@ -129,12 +129,11 @@ class _Distributed:
 
 
 class _Bucket:
-    __slots__ = ("params", "waiting", "launched", "done", "error")
+    __slots__ = ("params", "waiting", "done", "error")
 
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
         self.params = params
         self.waiting = len(params)
-        self.launched = False
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -213,28 +212,10 @@ class _Reducer:
         for p in bucket.params:
             if p.grad is None:  # unused in this step: it takes part with a zero gradient
                 p.grad = torch.zeros_like(p)
-        bucket.launched = True
         if self._queue is not None:
             self._queue.put(bucket)
         else:
             _reduce(self._engine, self._options, bucket)
-
-    def _reduce(self, bucket: _Bucket) -> None:
-        try:
-            grads = [p.grad for p in bucket.params]
-            self._engine.allreduce(grads, ReduceOp.MEAN, self._options, out=grads)
-        except BaseException as err:  # handed to the thread that waits
-            bucket.error = err
-        finally:
-            bucket.done.set()
-
-    def _serve(self) -> None:
-        assert self._queue is not None
-        while True:
-            bucket = self._queue.get()
-            if bucket is None:
-                return
-            self._reduce(bucket)
 
     def synchronize(self) -> None:
         """Start the buckets not started yet (in order), wait for all, reset for the next step."""
@@ -256,7 +237,6 @@ class _Reducer:
     def _reset(self) -> None:
         for bucket in self._buckets:
             bucket.waiting = len(bucket.params)
-            bucket.launched = False
             bucket.done.clear()
             bucket.error = None
         for key in self._counts:
