@@ -165,6 +165,7 @@ bench: install
 	timeout -k 20 900 $(MPIRUN) -n 4 $(PY) benchmarks/ps_vs_mwms.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/checked_collectives.py
 	timeout -k 20 3600 $(PY) benchmarks/multihost.py
+	flock /tmp/hpcdist-rig.lock timeout -k 20 900 $(PY) benchmarks/compression_multihost.py
 
 # On a machine with an NVIDIA GPU (each script exits 2, saying why, without one).
 gpu-bench: install

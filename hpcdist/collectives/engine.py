@@ -39,7 +39,7 @@ import numpy as np
 
 from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's type out
 from hpcdist.arrays import asarray, device_of, to_host
-from hpcdist.collectives import choice
+from hpcdist.collectives import choice, compression
 from hpcdist.collectives.choice import BAND_KEY, ENV_KEY, band_reads, read_env
 from hpcdist.collectives.device_path import has_device_arrays
 from hpcdist.collectives.fusion import Layout, unfuse
@@ -170,8 +170,10 @@ class Collectives:
 
         ``op`` is SUM, MEAN (the sum divided by :attr:`size`: floats keep
         their dtype, integers give float64), MIN or MAX. Supported dtypes:
-        bool (MIN, MAX), signed and unsigned integers, float16/32/64 (float16
-        is summed in float32 and rounded once), complex64/128 (SUM, MEAN).
+        bool (MIN, MAX), signed and unsigned integers, bfloat16 and float16/32/64
+        (the 16-bit floats are summed in float32 and rounded once), complex64/128
+        (SUM, MEAN). ``options.compression`` sends float32 sums between nodes as
+        16-bit floats (:mod:`hpcdist.collectives.compression`).
         On a node, MIN and MAX follow NumPy (NaN wins); between nodes, the
         MPI library's comparisons.
 
@@ -191,6 +193,8 @@ class Collectives:
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
         opts = self._merged(options)
+        if opts.splits_by_filter():  # some tensors compressed, some not: two calls
+            return compression.split_allreduce(self, tensors, op, opts, out)
         if places is not None:
             items = cast("list[np.ndarray]", tensors)  # (checked by _plain_host_arrays)
         elif has_device_arrays(tensors):

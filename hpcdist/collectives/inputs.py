@@ -7,12 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
+from hpcdist.arrays import BFLOAT16, asarray, device_of, is_array, to_device, to_host
 from hpcdist.collectives.fusion import Layout
 from hpcdist.collectives.metadata import check_dtype
 
 #: Dtypes whose NumPy arrays need no check nor conversion on the way in (native order).
-PLAIN_DTYPES = frozenset(np.dtype(c) for c in "?bBhHiIlLqQefdgFDG" if np.dtype(c).isnative)
+PLAIN_DTYPES = frozenset(
+    np.dtype(c) for c in "?bBhHiIlLqQefdgFDG" if np.dtype(c).isnative
+) | {BFLOAT16}
 _CPU = ("CPU", 0)
 
 

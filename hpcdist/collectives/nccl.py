@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.arrays import BFLOAT16
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.errors import NcclCallError, NcclUnavailableError
 from hpcdist.runtime.device import (
@@ -56,6 +57,7 @@ NCCL_DTYPE_NAMES: dict[np.dtype, str] = {
     np.dtype(np.float16): "NCCL_FLOAT16",
     np.dtype(np.float32): "NCCL_FLOAT32",
     np.dtype(np.float64): "NCCL_FLOAT64",
+    BFLOAT16: "NCCL_BFLOAT16",  # ncclBfloat16 (NCCL >= 2.10), in cupy.cuda.nccl
 }
 
 #: ReduceOp -> name of the provider's NCCL reduction constant (MEAN has none: sum, then divide).

@@ -232,6 +232,8 @@ class Session:
             if window is not None:
                 bucket = min(bucket, window.slot_bytes)
         message = f", mpi_message_bytes={opts.mpi_message_bytes}" if opts.mpi_message_bytes else ""
+        if opts.compression:
+            message += f", compression={opts.compression}"
         text = (
             f"{operation}(op={op.name}, {describe_arrays(items)}, {mode(opts)}, "
             f"bytes_per_pack={opts.bytes_per_pack}, implementation={opts.implementation.name}"

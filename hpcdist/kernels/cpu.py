@@ -5,7 +5,8 @@
 * :func:`scatter_bytes` is the inverse *unpack*.
 * :func:`reduce_slots` folds the rows of a 2-D slot window element-wise in row
   order (``SUM``, ``MEAN``, ``MIN``, ``MAX``), bitwise reproducible; ``float16``
-  accumulates in ``float32`` and is rounded once.
+  and ``bfloat16`` accumulate in ``float32`` and are rounded once
+  (:mod:`hpcdist.kernels.fold16`).
 * :func:`scale` divides a float array in place.
 
 Each public function checks its arguments in Python (typed errors that say
@@ -40,6 +41,7 @@ from numba import njit, types
 from numba.core.extending import overload
 
 from hpcdist.kernels._llvm import memcpy, pointer, stack_block
+from hpcdist.kernels.fold16 import BFLOAT16, fold_addresses
 from hpcdist.kernels.half import float_to_half, half_to_float
 
 __all__ = ["MAX", "MEAN", "MIN", "SUM", "gather_bytes", "reduce_slots", "scale", "scatter_bytes"]
@@ -51,8 +53,9 @@ MAX = 3
 
 _BLOCK = 2048  # elements per accumulator block: 8 KiB of float32, stays in L1
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
-_FLOAT_CHARS = frozenset("efd")
+_FLOAT_CHARS = frozenset("efdE")
 _SUPPORTED_CHARS = frozenset("efdbhilqBHILQ")  # float16/32/64, (u)int8/16/32/64
+_BF16_CHAR = "E"  # ml_dtypes.bfloat16: folded by hpcdist.kernels.fold16
 
 
 # ---------------------------------------------------------------- dtype-level helpers
@@ -462,12 +465,12 @@ def reduce_slots(
         and slots.ndim == 2
         and out.ndim == 1
         and slots.dtype == out.dtype
-        and slots.dtype.char in _SUPPORTED_CHARS
+        and (slots.dtype.char in _SUPPORTED_CHARS or slots.dtype == BFLOAT16)
     ):
         raise TypeError(
             f"reduce_slots: slots is {_describe(slots)} and out is {_describe(out)}; expected a "
-            "2-D slots array and a 1-D out array of one dtype among float16/32/64 and "
-            "(u)int8/16/32/64"
+            "2-D slots array and a 1-D out array of one dtype among bfloat16, float16/32/64 "
+            "and (u)int8/16/32/64"
         )
     nrows, m = slots.shape
     if op not in (SUM, MEAN, MIN, MAX):
@@ -498,7 +501,7 @@ def reduce_slots(
     if count == 0:
         return
     char = slots.dtype.char
-    if char == "e":  # Numba has no float16 arrays on the CPU: use the bits
+    if char in "eE":  # Numba has no float16 arrays on the CPU: use the bits
         src, dst = _addresses(slots.view(np.uint16), out.view(np.uint16))
     else:
         src, dst = _addresses(slots, out)
@@ -507,6 +510,14 @@ def reduce_slots(
     src += lo * col_bytes
     dst += out_lo * out_bytes
     itemsize = slots.itemsize
+    if char == _BF16_CHAR:
+        if (count > 1 and col_bytes != 2) or (count > 1 and out_bytes != 2):
+            raise ValueError(
+                "reduce_slots: bfloat16 rows and out must be contiguous; pass "
+                "np.ascontiguousarray copies"
+            )
+        fold_addresses(src, row_bytes, nrows, count, dst, op, divisor, BFLOAT16)
+        return
     if nrows < 2 or col_bytes != itemsize or out_bytes != itemsize or (op > MEAN and char == "e"):
         _fold_elementwise(
             src, row_bytes, col_bytes, nrows, count, dst, out_bytes, op, divisor, _TOKENS[char]
@@ -531,6 +542,9 @@ def fold_rows(
     guarantees what :func:`reduce_slots` checks.
     """
     if count <= 0:
+        return
+    if char == _BF16_CHAR:
+        fold_addresses(src, row_bytes, nrows, count, dst, op, divisor, BFLOAT16)
         return
     token = _TOKENS[char]
     itemsize = _ITEMSIZES[char]
@@ -574,11 +588,21 @@ def scale(x: np.ndarray, divisor: int) -> None:
     Example: ``scale(grads, world_size)`` turns a summed gradient into a mean.
     """
     if not (isinstance(x, np.ndarray) and x.ndim == 1 and x.dtype.char in _FLOAT_CHARS):
-        raise TypeError(f"scale: x is {_describe(x)}; expected a 1-D float16/32/64 NumPy array")
+        raise TypeError(
+            f"scale: x is {_describe(x)}; expected a 1-D bfloat16 or float16/32/64 NumPy array"
+        )
     if divisor <= 0:
         raise ValueError(f"scale: divisor is {divisor}; expected a positive count")
     if x.shape[0] == 0:
         return
     char = x.dtype.char
+    if char == _BF16_CHAR:  # one row folded with MEAN: divided in float32, rounded once
+        work = x if x.flags.c_contiguous else x.copy()
+        bits = work.view(np.uint16)
+        address = int(bits.__array_interface__["data"][0])
+        fold_addresses(address, 0, 1, work.shape[0], address, MEAN, divisor, BFLOAT16)
+        if work is not x:
+            x[...] = work
+        return
     base = _address(x.view(np.uint16) if char == "e" else x)
     _scale(base, x.shape[0], x.strides[0], divisor, x.itemsize, _TOKENS[char])

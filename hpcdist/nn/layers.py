@@ -35,7 +35,7 @@ from hpcdist.arrays import array_module, asarray, is_array, is_cupy, to_host
 from hpcdist.distribute import context
 from hpcdist.distribute.variables import Variable, VariableAggregation, VariableSynchronization
 from hpcdist.nn import activations as activations_mod
-from hpcdist.nn import backend
+from hpcdist.nn import backend, mixed_precision
 from hpcdist.nn import initializers as initializers_mod
 from hpcdist.nn import regularizers as regularizers_mod
 
@@ -143,7 +143,10 @@ class Layer:
         self._base_name = snake_case(type(self).__name__)
         self._trainable = bool(trainable)
         self.built = False
-        self.dtype = resolve_dtype(dtype)
+        variable, compute = mixed_precision.layer_dtypes(dtype)
+        self.dtype = resolve_dtype(dtype if variable is None else variable)
+        #: The dtype the layer computes in (a mixed policy's 16-bit type; else :attr:`dtype`).
+        self.compute_dtype = self.dtype if compute is None else compute
         self._trainable_weights: list[Variable] = []
         self._non_trainable_weights: list[Variable] = []
         self._regularized: list[tuple[Variable, Any]] = []
@@ -430,6 +433,8 @@ class Dense(Layer):
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
         self._require_built()
         w = self.kernel.raw_value()
+        if self.compute_dtype != self.dtype:  # mixed precision: a 16-bit copy of the weights
+            return self._forward_mixed(x, w)
         x = cast_input(x, self.dtype, array_module(w))
         if x.ndim == 0 or x.shape[-1] != w.shape[0]:
             raise ValueError(
@@ -439,6 +444,23 @@ class Dense(Layer):
         z = x @ w
         if self.bias is not None:
             z += self.bias.raw_value()
+        y, act_cache = self.activation.forward(z)
+        return y, (x, w, act_cache)
+
+    def _forward_mixed(self, x: Any, w: Any) -> tuple[Any, Any]:
+        """The forward pass in :attr:`compute_dtype` (matmuls accumulate in float32)."""
+        compute = mixed_precision.compute_array_dtype(self.compute_dtype)
+        xp = array_module(w)
+        x = cast_input(x, self.dtype, xp)
+        if x.ndim == 0 or x.shape[-1] != w.shape[0]:
+            raise ValueError(
+                f"Dense layer {self.name!r} expects inputs whose last dimension is {w.shape[0]}; "
+                f"found input shape {tuple(x.shape)}"
+            )
+        x, w = x.astype(compute), w.astype(compute)
+        z = (x @ w).astype(compute, copy=False)
+        if self.bias is not None:
+            z = z + self.bias.raw_value().astype(compute)
         y, act_cache = self.activation.forward(z)
         return y, (x, w, act_cache)
 
@@ -452,6 +474,8 @@ class Dense(Layer):
         self, cache: Any, dy: Any, need_dx: bool, out: list[Any] | None = None
     ) -> tuple[Any, list[Any]]:
         x, w, act_cache = cache
+        if self.compute_dtype != self.dtype:
+            return self._backward_mixed(cache, dy, need_dx, out)
         xp = array_module(w)
         dy = cast_input(dy, self.dtype, xp)
         check_shape(f"Dense layer {self.name!r}", (*x.shape[:-1], self.units), dy.shape)
@@ -469,6 +493,34 @@ class Dense(Layer):
                 if self.bias is not None:
                     grads.append(xp.sum(dz2, axis=0, out=out[1]))
         dx = dz @ w.T if need_dx else None
+        return dx, grads
+
+    def _backward_mixed(
+        self, cache: Any, dy: Any, need_dx: bool, out: list[Any] | None
+    ) -> tuple[Any, list[Any]]:
+        """Gradients of the mixed forward: computed in 16 bits (float32 matmul sums),
+        handed back in the variables' dtype; ``dx`` in the compute dtype."""
+        with np.errstate(over="ignore", invalid="ignore"):  # loss scaling finds overflows
+            return self._backward_mixed_ignoring(cache, dy, need_dx, out)
+
+    def _backward_mixed_ignoring(
+        self, cache: Any, dy: Any, need_dx: bool, out: list[Any] | None
+    ) -> tuple[Any, list[Any]]:
+        x, w, act_cache = cache
+        compute = x.dtype
+        dy = dy.astype(compute, copy=False)
+        dz = self.activation.backward(act_cache, dy).astype(compute, copy=False)
+        grads = []
+        if self._trainable:
+            x2, dz2 = x.reshape(-1, x.shape[-1]), dz.reshape(-1, self.units)
+            grads.append((x2.T @ dz2).astype(self.dtype))
+            if self.bias is not None:
+                grads.append(dz2.astype(self.dtype).sum(axis=0))
+            if out is not None:
+                for target, g in zip(out, grads, strict=False):
+                    target[...] = g
+                grads = list(out[: len(grads)])
+        dx = (dz @ w.T).astype(compute, copy=False) if need_dx else None
         return dx, grads
 
     def get_config(self) -> dict[str, Any]:

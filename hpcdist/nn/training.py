@@ -32,7 +32,7 @@ from hpcdist.callbacks import CallbackList
 from hpcdist.callbacks.backup import FitState, find_backup
 from hpcdist.data.distributed import DistributedDataset
 from hpcdist.distribute import context
-from hpcdist.nn import data_adapter, losses
+from hpcdist.nn import data_adapter, losses, mixed_precision
 from hpcdist.nn import metrics as metrics_mod
 from hpcdist.nn.tape import Traced
 from hpcdist.utils.seeding import next_seed
@@ -94,7 +94,10 @@ class Trainer:
             raise ValueError("compile needs a loss, e.g. loss='sparse_categorical_crossentropy'")
 
         with self._scope():
-            self.optimizer = optimizers.get(optimizer)
+            self.optimizer = (
+                optimizer if isinstance(optimizer, mixed_precision.LossScaleOptimizer)
+                else optimizers.get(optimizer)
+            )
             self.loss = loss
             self._loss_obj = losses.get(loss)
             self._loss_tracker = metrics_mod.Mean(name="loss")
@@ -161,13 +164,16 @@ class Trainer:
         n_local = int(np.shape(x)[0])
         n_global = _global_count(n_local)
         y_pred, caches = self.forward(x, training=True)
+        y_pred = mixed_precision.to_float32(y_pred)  # a mixed model's loss is float32
         per_example = self._per_example_loss(y, Traced.leaf(y_pred), w)
         denominator = max(n_global, 1.0) if self._mean_loss else 1.0
         loss = per_example.sum() / denominator
-        grads = self.backward(caches, loss.grad)
+        scaling = isinstance(self.optimizer, mixed_precision.LossScaleOptimizer)
+        loss_scale = float(self.optimizer.loss_scale) if scaling else 1.0
+        grads = self.backward(caches, loss.grad * np.float32(loss_scale) if scaling else loss.grad)
         # Keras adds model.losses scaled by 1 / num_replicas: the summed gradients are one
         # process's (scale_regularization_loss).
-        reg = self._regularization(grads, 1.0 / _num_replicas())
+        reg = self._regularization(grads, loss_scale / _num_replicas()) / loss_scale
         self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
         self._track(float(to_host(per_example.value).sum()), n_local, n_global, denominator,
                     reg * _num_replicas())  # fmt: skip

@@ -51,6 +51,8 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     backward_passes_per_step: int = 1,
     overlap: bool = True,
     timeout_seconds: float | None = 600.0,
+    compression: str | None = None,
+    compression_filter: Callable[[Any], bool] | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its gradients are averaged over all replicas before a step.
 
@@ -70,6 +72,11 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
             :class:`~hpcdist.errors.CollectiveTimeoutError` (raised by
             ``step()``) after this long instead of hanging, and wait sleeping
             rather than spinning (``None``: no timeout).
+        compression: ``"bf16"`` or ``"fp16"``: float32 gradients travel between
+            nodes as 16-bit floats, summed in float32 (half the bytes);
+            ``compression_filter(grad) -> bool`` picks which (e.g.
+            ``lambda g: g.ndim > 1`` keeps biases and norms exact). See
+            :class:`~hpcdist.CommunicationOptions`.
 
     Returns the same optimizer object, seen as a subclass of its class.
 
@@ -93,6 +100,7 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     wrapped._hd = _Reducer(
         optimizer, model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
         int(backward_passes_per_step), overlap, timeout_seconds,
+        CommunicationOptions(compression=compression, compression_filter=compression_filter),
     )
     return wrapped
 
@@ -150,6 +158,7 @@ class _Reducer:
         passes: int,
         overlap: bool,
         timeout_seconds: float | None,
+        compression: CommunicationOptions | None = None,
     ) -> None:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if model is not None:
@@ -161,7 +170,7 @@ class _Reducer:
         self._options = CommunicationOptions(
             bytes_per_pack=bucket_bytes,
             timeout_seconds=timeout_seconds if overlap and self._engine.size > 1 else None,
-        )
+        ).merge(compression)
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[int, int] = {}
         self._counts: dict[int, int] = {}

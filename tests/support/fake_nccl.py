@@ -33,6 +33,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from hpcdist.collectives.nccl import CREATING_OVER
@@ -43,13 +44,14 @@ available = True
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64 = 0, 1, 2, 3, 4
 NCCL_UINT64, NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64 = 5, 6, 7, 8
+NCCL_BFLOAT16 = 9
 
 DTYPES = {
     NCCL_INT8: np.dtype(np.int8), NCCL_UINT8: np.dtype(np.uint8),
     NCCL_INT32: np.dtype(np.int32), NCCL_UINT32: np.dtype(np.uint32),
     NCCL_INT64: np.dtype(np.int64), NCCL_UINT64: np.dtype(np.uint64),
     NCCL_FLOAT16: np.dtype(np.float16), NCCL_FLOAT32: np.dtype(np.float32),
-    NCCL_FLOAT64: np.dtype(np.float64),
+    NCCL_FLOAT64: np.dtype(np.float64), NCCL_BFLOAT16: np.dtype(ml_dtypes.bfloat16),
 }
 _NUMPY_OPS = {NCCL_SUM: np.add, NCCL_MAX: np.maximum, NCCL_MIN: np.minimum}
 

@@ -43,7 +43,7 @@ def node_allreduce(
     check = None if single else MpiStep(session.comm, session.agreement(agreed))
     plan = allreduce_plan(
         top.window, layout, list(items), session.size, top.leaders, hierarchical, check,
-        session.buffers, agreed.digest,
+        session.buffers, agreed.digest, opts.compression,
     )
     return session.run_on_node(top.window, plan, opts, agreed.text, what, sig)
 
