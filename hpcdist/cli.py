@@ -6,7 +6,12 @@ scheduler, the MPI library, its thread level and CUDA-awareness, and the
 versions of CuPy, NCCL and Numba. ``--json`` prints the same as JSON.
 
 ``hpcdist bench NAME [options]`` runs a benchmark of :mod:`hpcdist.bench`
-(``allreduce``); ``hpcdist bench allreduce --help`` lists its options.
+(``allreduce``, ``strategy``, ``train``, and ``report`` for a scaling table);
+``hpcdist bench allreduce --help`` lists its options.
+
+``hpcdist timeline merge DIR -o run.json`` merges the ranks' timeline files into
+one Chrome trace; ``hpcdist timeline report DIR`` prints the step and straggler
+report and the flight-recorder divergence (:mod:`hpcdist.observe`).
 
 Example:
     mpirun -n 4 hpcdist info
@@ -29,6 +34,8 @@ from hpcdist.bench import BENCHMARKS, run
 from hpcdist.cluster.detect import describe_environment
 from hpcdist.collectives.nccl import nccl_available
 from hpcdist.errors import HpcdistError
+from hpcdist.observe.analysis import report as timeline_report
+from hpcdist.observe.merge import merge_directory
 from hpcdist.runtime import cuda_aware_support, library_version, mpi, world
 from hpcdist.runtime.mpi import thread_level_name
 
@@ -168,6 +175,28 @@ def info(as_json: bool = False) -> int:
     return 0
 
 
+def _add_timeline_parser(sub: Any) -> None:
+    """``hpcdist timeline merge DIR -o run.json`` and ``hpcdist timeline report DIR``."""
+    p = sub.add_parser("timeline", help="merge or report on timeline / flight-recorder files")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    merge = verbs.add_parser("merge", help="merge the ranks' rank-R.json into one Chrome trace")
+    merge.add_argument("directory")
+    merge.add_argument("-o", "--output", default="run.json", help="merged trace (default run.json)")
+    rep = verbs.add_parser("report", help="step times, waits, stragglers, divergence")
+    rep.add_argument("directory")
+    rep.add_argument("--png", default=None, help="write the ranks x time plot here")
+
+
+def _timeline(args: argparse.Namespace) -> int:
+    if args.verb == "merge":
+        trace = merge_directory(args.directory, args.output)
+        ranks = trace["otherData"]["hpcdist"]["ranks"]
+        print(f"{args.output}: {len(trace['traceEvents'])} events of {len(ranks)} ranks")
+        return 0
+    print(timeline_report(args.directory, png=args.png))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hpcdist`` command."""
     parser = argparse.ArgumentParser(prog="hpcdist", description=__doc__.split("\n\n")[0])
@@ -181,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_bench.add_argument("benchmark", choices=sorted(BENCHMARKS), help="which benchmark")
     p_bench.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    _add_timeline_parser(sub)
     args = parser.parse_args(argv)
     try:
+        if args.command == "timeline":
+            return _timeline(args)
         if args.command == "info":
             return info(as_json=args.json)
         if args.command == "bench":

@@ -510,3 +510,15 @@ class GpuSetupError(HpcdistError, RuntimeError):
 
 
 __all__ += ["GpuSetupError"]
+
+
+class TimelineError(HpcdistError, ValueError):
+    """A timeline or flight-recorder directory holds nothing hpcdist can read.
+
+    Example:
+        >>> issubclass(TimelineError, ValueError)
+        True
+    """
+
+
+__all__ += ["TimelineError"]

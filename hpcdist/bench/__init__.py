@@ -5,7 +5,7 @@ name to its module, imported only when that benchmark runs.
 
 Example:
     >>> sorted(BENCHMARKS)
-    ['allreduce', 'strategy']
+    ['allreduce', 'report', 'strategy', 'train']
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
-BENCHMARKS = {"allreduce": "hpcdist.bench.allreduce", "strategy": "hpcdist.bench.strategy"}
+BENCHMARKS = {
+    "allreduce": "hpcdist.bench.allreduce",
+    "report": "hpcdist.bench.scaling",
+    "strategy": "hpcdist.bench.strategy",
+    "train": "hpcdist.bench.train",
+}
 
 
 def run(name: str, argv: Sequence[str] | None = None) -> int:

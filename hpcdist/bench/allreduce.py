@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.bench.formats import FORMATS, format_nccl_tests, format_osu
 from hpcdist.bench.report import save_line_plot, save_report
 from hpcdist.bench.resnet50 import resnet50_gradients
 from hpcdist.collectives import Collectives, CommunicationOptions, ReduceOp
@@ -642,6 +643,12 @@ def build_parser(
         default=None,
         help="repetitions of the ResNet-50 case (default 5, 2 with --quick; 0 skips it)",
     )
+    p.add_argument(
+        "--format", choices=FORMATS, default="table",
+        help="output layout: table (default), osu (osu_allreduce -f) or nccl-tests "
+        "(all_reduce_perf); the JSON is the same",
+    )
+    p.add_argument("--series", default=AUTO_SERIES, help="the series --format prints")
     p.add_argument("--out", default=out, help=f"folder for the JSON and PNG (default {out})")
     p.add_argument(
         "--name",
@@ -799,7 +806,12 @@ def main(
         "latency in us; algbw and busbw in GB/s (busbw = algbw * 2(n-1)/n); "
         "bus/raw > 1 and lat/raw < 1 are better than raw MPI"
     )
-    print(format_table(rows, names))
+    if args.format == "osu":
+        print(format_osu(rows, args.series))
+    elif args.format == "nccl-tests":
+        print(format_nccl_tests(rows, args.series, w.size))
+    else:
+        print(format_table(rows, names))
     for note in notes + caught.messages:
         print(f"note: {note}")
     if resnet:

@@ -4,7 +4,8 @@
 per-epoch logs, returned by ``fit``), ``ProgressBar`` (tqdm bar and epoch lines on the chief),
 ``CSVLogger``, ``ModelCheckpoint`` (weights only), ``EarlyStopping``, ``BackupAndRestore``
 (resume an interrupted ``fit`` exactly, and save on preemption signals),
-``LearningRateScheduler``, ``ReduceLROnPlateau``, ``TerminateOnNaN`` and ``LambdaCallback``.
+``LearningRateScheduler``, ``ReduceLROnPlateau``, ``TerminateOnNaN``, ``LambdaCallback`` and
+``StepStats`` (per-rank step times and the straggler, per epoch).
 Files are written and lines printed by the chief worker only; every worker takes the same
 decisions.
 
@@ -25,6 +26,7 @@ from hpcdist.callbacks.early_stopping import EarlyStopping
 from hpcdist.callbacks.lambda_callback import LambdaCallback, TerminateOnNaN
 from hpcdist.callbacks.learning_rate import LearningRateScheduler, ReduceLROnPlateau
 from hpcdist.callbacks.progress import ProgressBar
+from hpcdist.callbacks.step_stats import StepStats
 
 __all__ = [
     "BackupAndRestore",
@@ -38,6 +40,7 @@ __all__ = [
     "ModelCheckpoint",
     "ProgressBar",
     "ReduceLROnPlateau",
+    "StepStats",
     "TerminateOnNaN",
     "is_chief",
 ]

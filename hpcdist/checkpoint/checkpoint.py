@@ -40,6 +40,7 @@ from hpcdist.checkpoint.sync import Group, is_ps_strategy
 from hpcdist.distribute import context
 from hpcdist.distribute.ps.checkpoint import pause_clients, restore_ps_shards, save_ps_shards
 from hpcdist.errors import CheckpointError
+from hpcdist.observe.timeline import span
 
 __all__ = ["Checkpoint", "CheckpointLoadStatus", "CheckpointMatchError"]
 
@@ -188,6 +189,10 @@ class Checkpoint:
 
     def _write(self, prefix: str, on_root: Any) -> tuple[str, Any]:
         """Write; ``on_root(manifest)`` runs on the chief after, its result reaches all."""
+        with span("checkpoint write", "checkpoint", {"prefix": prefix}):  # timeline (off: no-op)
+            return self._write_files(prefix, on_root)
+
+    def _write_files(self, prefix: str, on_root: Any) -> tuple[str, Any]:
         entries = self._entries()
         strategy = self._strategy()
         with Group.open(strategy) as group, _paused(strategy, group):

@@ -60,6 +60,7 @@ from hpcdist.collectives.plans import (
 )
 from hpcdist.collectives.registry import Algorithm, Where, generation, pick
 from hpcdist.collectives.session import LAYOUT_CACHE_SIZE, Session, clip, mode
+from hpcdist.observe.recorder import recorded
 from hpcdist.runtime import world
 from hpcdist.runtime.device import is_device_array, runtime_for
 
@@ -115,8 +116,6 @@ class Collectives:
         self._merged_cache: dict[Any, CommunicationOptions] = {}
         self._generation = -1  # of the process-wide default timeout the cache was built for
         self._picked: dict[int, Any] = {}  # per call digest: algorithm, what it depended on
-        #: The registered algorithm (its name) that ran the last allreduce or reduce_scatter.
-        self.last_algorithm: str | None = None
 
     @property
     def comm(self) -> Any:
@@ -144,6 +143,11 @@ class Collectives:
         return self._session
 
     @property
+    def last_algorithm(self) -> str | None:
+        """The registered algorithm (its name) that ran the last allreduce or reduce_scatter."""
+        return self._session.last_algorithm
+
+    @property
     def last_device_route(self) -> str | None:
         """The device algorithm (transport) of the last call on device arrays."""
         return self._session.last_device_route
@@ -158,6 +162,8 @@ class Collectives:
 
     # -- the operations --------------------------------------------------------------------
 
+    @recorded
+    @recorded
     def allreduce(
         self,
         tensors: Sequence[Any],
@@ -217,6 +223,8 @@ class Collectives:
             return results
         return deliver(results, places, out)
 
+    @recorded
+    @recorded
     def reduce_scatter(
         self, tensor: Any, op: ReduceOp | str, options: CommunicationOptions | None = None
     ) -> Any:
@@ -254,7 +262,7 @@ class Collectives:
         bounds = split_bounds(x.shape[0], self._size, row)
         rows = x.shape[0] // self._size + (1 if self._rank < x.shape[0] % self._size else 0)
         algorithm = pick(self._where(layout, opts, "reduce_scatter"))
-        self.last_algorithm = algorithm.name
+        self._session.last_algorithm = algorithm.name
         buf = algorithm.reduce_scatter(self._session, items, layout, opts, bounds)  # type: ignore[attr-defined]
         if op is ReduceOp.MEAN and group.wire.kind in "iu":
             buf = divide_mean(buf, self._size)
@@ -262,6 +270,8 @@ class Collectives:
             buf = buf.view(group.dtype)
         return place(buf.reshape((rows, *x.shape[1:])), places[0])
 
+    @recorded
+    @recorded
     def allgather(
         self, tensor: Any, axis: int = 0, options: CommunicationOptions | None = None
     ) -> Any:
@@ -302,6 +312,8 @@ class Collectives:
             out = np.ascontiguousarray(np.moveaxis(out, 0, axis))
         return place(out, where)
 
+    @recorded
+    @recorded
     def allgather_list(
         self, tensors: Sequence[np.ndarray], axis: int = 0,
         options: CommunicationOptions | None = None,
@@ -346,6 +358,7 @@ class Collectives:
             out.append(g if a == 0 else np.ascontiguousarray(np.moveaxis(g, 0, a)))
         return out
 
+    @recorded
     def broadcast(
         self, tensors: Sequence[Any], root: int = 0, options: CommunicationOptions | None = None
     ) -> list[Any]:
@@ -385,6 +398,8 @@ class Collectives:
             )
         return [place(r, p) for r, p in zip(results, places, strict=True)]
 
+    @recorded
+    @recorded
     def barrier(self, options: CommunicationOptions | None = None) -> None:
         """Wait until every rank has reached this barrier."""
         opts = self._merged(options)
@@ -457,7 +472,7 @@ class Collectives:
             if len(self._picked) >= LAYOUT_CACHE_SIZE:
                 self._picked.clear()
             self._picked[layout.digest] = (algorithm, generation(), env, band)
-        self.last_algorithm = algorithm.name
+        self._session.last_algorithm = algorithm.name
         fused: list[np.ndarray] = algorithm.allreduce(self._session, items, layout, opts)
         return fused
 
@@ -469,7 +484,7 @@ class Collectives:
 
         path = self._session.device_path()
         algorithm, results = path.allreduce(tensors, op, opts, out, choose)
-        self.last_algorithm = algorithm.name  # (after: staging runs a host algorithm inside)
+        self._session.last_algorithm = algorithm.name  # (after: staging runs a host one)
         return results
 
     def _transport(self, opts: CommunicationOptions, tensors: Sequence[Any]) -> str:

@@ -56,6 +56,7 @@ from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
 from hpcdist.collectives.shm_backend import NodePlan, _Mismatch, check_plan, run_node_plan
 from hpcdist.errors import CollectiveMismatchError, CollectiveStallWarning, CollectiveTimeoutError
 from hpcdist.kernels import pack_pieces
+from hpcdist.observe.recorder import RECORDER, engine_key
 from hpcdist.runtime import mpi
 
 LAYOUT_CACHE_SIZE = 1024
@@ -141,6 +142,9 @@ class Session:
         self._device: DevicePath | None = None  # the device-array half, made on first use
         #: The device transport of the last call on device arrays.
         self.last_device_route: str | None = None
+        #: The algorithm the front picked for the last allreduce or reduce_scatter.
+        self.last_algorithm: str | None = None
+        self.flight_key = engine_key(self.size)  # names the communicator in flight records
 
     # -- where the ranks are -----------------------------------------------------------
 
@@ -394,6 +398,8 @@ class Session:
         if self._pending is not None:
             self._check_pending(None)  # refused calls are not counted
         self.seq += 1
+        if RECORDER.on:  # the flight recorder (closed by the front's @recorded on return)
+            RECORDER.begin(self.flight_key, self.seq, layout, self.last_algorithm)
         timeout = opts.timeout_seconds
         if timeout is None:
             return None

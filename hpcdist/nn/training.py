@@ -20,6 +20,7 @@ Example: see :class:`~hpcdist.nn.sequential.Sequential`.
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,8 @@ from hpcdist.distribute import context
 from hpcdist.nn import data_adapter, losses, mixed_precision
 from hpcdist.nn import metrics as metrics_mod
 from hpcdist.nn.tape import Traced
+from hpcdist.observe import timeline
+from hpcdist.observe.timeline import span
 from hpcdist.utils.seeding import next_seed
 
 if TYPE_CHECKING:
@@ -163,18 +166,21 @@ class Trainer:
         x, y, w = data_adapter.unpack(data)
         n_local = int(np.shape(x)[0])
         n_global = _global_count(n_local)
-        y_pred, caches = self.forward(x, training=True)
-        y_pred = mixed_precision.to_float32(y_pred)  # a mixed model's loss is float32
-        per_example = self._per_example_loss(y, Traced.leaf(y_pred), w)
-        denominator = max(n_global, 1.0) if self._mean_loss else 1.0
-        loss = per_example.sum() / denominator
-        scaling = isinstance(self.optimizer, mixed_precision.LossScaleOptimizer)
-        loss_scale = float(self.optimizer.loss_scale) if scaling else 1.0
-        grads = self.backward(caches, loss.grad * np.float32(loss_scale) if scaling else loss.grad)
+        with span("forward+backward"):
+            y_pred, caches = self.forward(x, training=True)
+            y_pred = mixed_precision.to_float32(y_pred)  # a mixed model's loss is float32
+            per_example = self._per_example_loss(y, Traced.leaf(y_pred), w)
+            denominator = max(n_global, 1.0) if self._mean_loss else 1.0
+            loss = per_example.sum() / denominator
+            scaling = isinstance(self.optimizer, mixed_precision.LossScaleOptimizer)
+            loss_scale = float(self.optimizer.loss_scale) if scaling else 1.0
+            dy = loss.grad * np.float32(loss_scale) if scaling else loss.grad
+            grads = self.backward(caches, dy)
         # Keras adds model.losses scaled by 1 / num_replicas: the summed gradients are one
         # process's (scale_regularization_loss).
         reg = self._regularization(grads, loss_scale / _num_replicas()) / loss_scale
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+        with span("optimizer"):
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
         self._track(float(to_host(per_example.value).sum()), n_local, n_global, denominator,
                     reg * _num_replicas())  # fmt: skip
         for m in self.compiled_metrics:
@@ -340,16 +346,22 @@ class Trainer:
             while steps_per_epoch is None or step < steps_per_epoch:
                 if backup is not None:
                     backup.check_preemption()  # may save here and exit on every worker
+                began = time.perf_counter()  # timeline: the step, its input and callbacks
                 try:
-                    batch = next(it)
+                    with span("input"):
+                        batch = next(it)
                 except StopIteration:
                     ran_out = steps_per_epoch is not None
                     break
-                cbs.on_train_batch_begin(step)
+                with span("callbacks"):
+                    cbs.on_train_batch_begin(step)
                 strategy.run(self.train_step, args=(batch,))
                 logs = self._logs()
                 state.step = step + 1
-                cbs.on_train_batch_end(step, logs)
+                with span("callbacks"):
+                    cbs.on_train_batch_end(step, logs)
+                if timeline.active:
+                    timeline.complete("step", "phases", began, time.perf_counter(), {"step": step})
                 step += 1
                 if self.stop_training:
                     break

@@ -55,6 +55,7 @@ from hpcdist.distribute.variables import (
     VariableAggregation,
     VariableSynchronization,
 )
+from hpcdist.observe.timeline import span
 from hpcdist.optimizers import schedules
 from hpcdist.optimizers.clipping import check_clip, global_scale, kernels_for
 from hpcdist.optimizers.flat import FlatBuffer, empty_like, on_device_of
@@ -653,7 +654,8 @@ class Optimizer:
             if per_replica is not None:  # several local GPUs: summed on them (NCCL)
                 sources = per_replica
             else:
-                sources = [strategy.extended.reduce_leaves(ReduceOp.SUM, leaves)]
+                with span("gradient reduction"):  # the timeline's fit phase (off: a no-op)
+                    sources = [strategy.extended.reduce_leaves(ReduceOp.SUM, leaves)]
         else:
             sources = packed
         for grads in sources:

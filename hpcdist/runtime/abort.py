@@ -43,6 +43,7 @@ from typing import Any
 
 from hpcdist.cluster.envparse import env_flag, environ_or_default
 from hpcdist.errors import RankFailedError
+from hpcdist.observe.recorder import dump_now
 
 ABORT_VAR = "HPCDIST_ABORT_ON_ERROR"
 INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -122,6 +123,9 @@ def install_abort_on_error(comm: Any) -> bool:
         _remove_stale_claims(directory)
 
     def abort(code: int) -> None:
+        path = dump_now("abort")  # the flight recorder's last collectives, for the report
+        if path is not None:
+            sys.stderr.write(f"hpcdist: rank {rank}: flight recorder written to {path}\n")
         sys.stderr.flush()
         sys.stdout.flush()
         comm.Abort(code)

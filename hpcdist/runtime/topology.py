@@ -33,6 +33,7 @@ from hpcdist.cluster.gpus import (
     visible_devices_before_binding,
 )
 from hpcdist.errors import ClusterConfigError
+from hpcdist.observe import recorder, timeline
 from hpcdist.runtime.abort import install_abort_on_error
 from hpcdist.runtime.checks import check_launch_everywhere
 from hpcdist.runtime.failures import register_exit_guard
@@ -199,4 +200,6 @@ def world() -> World:
                 install_abort_on_error(comm)
                 register_exit_guard()
             _WORLD = build_world(comm)
+            recorder.configure(_WORLD.rank, _WORLD.size)  # flight recorder: rank, dump signals
+            timeline.start_from_environment(_WORLD.rank, _WORLD.size, comm)  # HPCDIST_TIMELINE
     return _WORLD

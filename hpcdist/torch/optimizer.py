@@ -41,6 +41,7 @@ import torch
 from hpcdist.adapters import engine_for
 from hpcdist.collectives import CommunicationOptions, ReduceOp
 from hpcdist.collectives.choice import DEFAULT_BUCKET_BYTES
+from hpcdist.observe import timeline
 
 
 def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horovod)
@@ -212,6 +213,8 @@ class _Reducer:
         self._active = True
         bucket = self._buckets[self._bucket_of[key]]
         bucket.waiting -= 1
+        if timeline.active:  # hook fired -> bucket ready -> reduced (hpcdist.observe.timeline)
+            timeline.bucket_progress(self._bucket_of[key], bucket.waiting, len(bucket.params))
         if bucket.waiting == 0 and self._queue is not None:
             while self._next < len(self._buckets) and self._buckets[self._next].waiting == 0:
                 self._launch(self._buckets[self._next])
@@ -258,7 +261,8 @@ def _reduce(engine: Any, options: CommunicationOptions, bucket: _Bucket) -> None
     """Average the bucket's gradients over the replicas, in place; note errors for the waiter."""
     try:
         grads = [p.grad for p in bucket.params]
-        engine.allreduce(grads, ReduceOp.MEAN, options, out=grads)
+        with timeline.span("reduced", "buckets", {"params": len(grads)}):
+            engine.allreduce(grads, ReduceOp.MEAN, options, out=grads)
     except BaseException as err:  # handed to the thread that waits (synchronize)
         bucket.error = err
     finally:

@@ -77,3 +77,24 @@ def test_multinode_template_trains_digits_across_two_hosts(tmp_path):
 def test_requeue_round_trip_across_two_hosts(tmp_path):
     log = check_requeue_round_trip(tmp_path, options=["-N", "2", "--ntasks-per-node=1"])
     assert re.search(r"^job \d+ restart 1 on hpcn\[1-2\]: resuming", log, re.M), log[-3000:]
+
+
+@pytest.mark.timeout(330)
+def test_scaling_sweep_and_straggler_report_across_two_hosts(tmp_path):
+    """slurm/scaling.sbatch at 1 and 2 hosts (srun --mpi=pmix); then the timeline names a rank
+    that sleeps 20 ms before every allreduce, with the clocks of two hosts aligned."""
+    out, results = tmp_path / "job.out", tmp_path / "results"
+    args = ["--iters", "3", "--batches-per-iter", "3", "--warmup", "1", "--hidden", "64"]
+    job = sbatch(SLURM_DIR / "scaling.sbatch", args, out=out,
+                 options=["-N", "2", "--ntasks-per-node=1", "--cpus-per-task=1"],
+                 env={"OUT": str(results)})
+    info = wait(job, timeout=300, out=out)
+    log = read(out)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log[-4000:]
+    rows = json.loads((results / "scaling.json").read_text())["rows"]
+    assert [(r["ranks"], r["nodes"]) for r in rows] == [(1, 1), (2, 2)], rows
+    proc = run(["srun", "--mpi=pmix", *TWO_HOSTS, "-n", "4", "python",
+                "benchmarks/straggler.py", "--runs", "4", "--out", str(tmp_path)], timeout=150)
+    assert "straggler named correctly in 4 of 4 runs" in proc.stdout, proc.stdout[-3000:]
+    result = json.loads((tmp_path / "straggler.json").read_text())
+    assert result["hosts"] == ["hpcn1", "hpcn2"], result

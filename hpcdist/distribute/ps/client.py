@@ -24,6 +24,7 @@ import numpy as np
 from hpcdist.arrays import to_host
 from hpcdist.distribute.ps import protocol as P
 from hpcdist.distribute.ps.protocol import PSError, PSTypeError
+from hpcdist.observe import timeline
 from hpcdist.runtime import mpi
 
 _OPT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -118,7 +119,8 @@ class PSClient:
 
     def _call(self, ps: int, fn: Any) -> Any:
         """Run ``fn(rank)`` under the lock, turning MPI failures into PSError."""
-        with self._lock:
+        call = fn.__qualname__.split(".<locals>")[0].rsplit(".", 1)[-1] if timeline.active else ""
+        with self._lock, timeline.span(f"ps {call}", "ps", {"ps": int(ps)}):  # off: a no-op
             dest = self._rank(ps)
             try:
                 return fn(dest)
