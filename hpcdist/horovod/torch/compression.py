@@ -37,7 +37,7 @@ class _CastCompressor(Compressor):
     wire: torch.dtype = torch.float16
 
     @classmethod
-    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:  # type: ignore[override]
+    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         if tensor.dtype.is_floating_point and tensor.dtype != cls.wire:
             return tensor.to(cls.wire), tensor.dtype
         return tensor, None

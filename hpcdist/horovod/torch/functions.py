@@ -18,8 +18,12 @@ import numpy as np
 import torch
 
 import hpcdist.torch as hdt
-from hpcdist.errors import CollectiveMismatchError, HorovodMismatchError, HpcdistError
-from hpcdist.errors import HorovodInternalError
+from hpcdist.errors import (
+    CollectiveMismatchError,
+    HorovodInternalError,
+    HorovodMismatchError,
+    HpcdistError,
+)
 from hpcdist.horovod.common.process_sets import ProcessSet, global_process_set
 from hpcdist.horovod.torch import mpi_ops
 
@@ -38,9 +42,9 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
     tensors = [p for _, p in items if isinstance(p, torch.Tensor)]
     if len(tensors) != len(items) and any(p is not None for _, p in items):
         bad = next(type(p).__name__ for _, p in items if not isinstance(p, torch.Tensor))
-        tensors = [bad]  # type: ignore[list-item]  # travels as this rank's invalid argument
+        tensors = [bad]  # travels as this rank's invalid argument
     elif len(tensors) != len(items):
-        tensors = ["not a state_dict or (name, tensor) pairs"]  # type: ignore[list-item]
+        tensors = ["not a state_dict or (name, tensor) pairs"]
     mpi_ops._grouped_broadcast_(tensors, root_rank)
 
 

@@ -17,7 +17,8 @@ Horovod does. Tensors on a GPU travel through host memory.
 Example:
     >>> import torch, hpcdist.horovod.torch as hvd
     >>> hvd.init()
-    >>> hvd.allreduce(torch.tensor([2.0, 4.0]), op=hvd.Sum).tolist() == [2.0 * hvd.size(), 4.0 * hvd.size()]
+    >>> total = hvd.allreduce(torch.tensor([2.0, 4.0]), op=hvd.Sum)
+    >>> total.tolist() == [2.0 * hvd.size(), 4.0 * hvd.size()]
     True
 """
 
@@ -179,7 +180,7 @@ def _allreduce_start(
                     out = out / size if out.dtype.is_floating_point else out.floor_divide(size)
                 if postscale_factor != 1.0:
                     out = out * postscale_factor
-                out = _back(out.numpy(), t, reduced=True)
+                out = _back(out.numpy(), t, reduced=True).reshape(t.shape)
                 if inplace:
                     with torch.no_grad():
                         t.copy_(out)
@@ -236,17 +237,15 @@ def allreduce(
 ) -> torch.Tensor:
     """``tensor`` reduced over the process set with ``op`` (default Average); differentiable:
     the gradient is the same allreduce of the output's gradient."""
-    if isinstance(tensor, torch.Tensor) and (average is not None or op is not None):
-        try:
-            op = _pick_op(average, op)
-        except ValueError:
-            pass
-    if not isinstance(tensor, torch.Tensor) or op not in _OP_NAMES:
+    try:
+        how = _pick_op(average, op)
+    except ValueError:  # reported on every rank by the negotiated call
+        how = None
+    if how is None or not isinstance(tensor, torch.Tensor):
         return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
                                            postscale_factor, process_set))
     compressed, ctx = compression.compress(tensor)
-    out = _Allreduce.apply(compressed, op if op is not None else Average, prescale_factor,
-                           postscale_factor, process_set)
+    out = _Allreduce.apply(compressed, how, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, ctx)
 
 
@@ -413,7 +412,7 @@ def _broadcast_start(tensor: Any, root_rank: int, process_set: ProcessSet,
             raise ValueError(f"root_rank is {root_rank!r}; expected a rank 0..{size - 1}")
 
         def finish(results: list[np.ndarray]) -> Any:
-            out = _back(results[0], t)
+            out = _back(results[0], t).reshape(t.shape)
             if inplace:
                 with torch.no_grad():
                     t.copy_(out)
@@ -658,7 +657,7 @@ def _grouped_broadcast_(tensors: Sequence[torch.Tensor], root_rank: int,
         def finish(results: list[np.ndarray]) -> Any:
             with torch.no_grad():
                 for t, r in zip(ts, results, strict=True):
-                    t.copy_(_back(r, t))
+                    t.copy_(_back(r, t).reshape(t.shape))
             return ts
 
         arrays = [_host(t, reduce=False) for t in ts]

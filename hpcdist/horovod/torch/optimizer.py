@@ -137,9 +137,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         for p in params:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(_densify)
+    wires: dict[Any, torch.dtype] = {Compression.fp16: torch.float16,
+                                     Compression.bf16: torch.bfloat16}
     engine_class = type("HorovodGradientEngine", (_GradientEngine,), {
-        "wire": {Compression.fp16: torch.float16, Compression.bf16: torch.bfloat16}.get(
-            compression),
+        "wire": wires.get(compression),
         "summed": op == Sum,
         "predivide": float(gradient_predivide_factor),
     })

@@ -51,7 +51,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
         mean = total[:c] / n
         var = (total[c:2 * c] / n - mean * mean).clamp_min(0)
         if self.training and self.track_running_stats:
-            self._update_running(mean.detach(), var.detach(), float(n))
+            self._update_running(mean.detach(), var.detach(), float(n.detach()))
         shape = [1, c] + [1] * (x.dim() - 2)
         y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
