@@ -108,6 +108,8 @@ interop-test: $(VENV)/.frameworks
 	timeout -k 20 1200 $(PY) -m pytest -q -p no:cacheprovider tests/interop
 	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 2 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
 	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
+	HPCDIST_VIRTUAL_NODES=2 timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 \
+		$(MPI_PYTEST:tests/mpi=tests/interop_mpi/test_horovod_mpi.py) -k "process_sets or join"
 
 summary-reset:
 	@mkdir -p $(dir $(HPCDIST_TEST_SUMMARY)) && : > $(HPCDIST_TEST_SUMMARY)
