@@ -129,6 +129,7 @@ bench: install
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/input_pipeline.py
 	timeout -k 20 900 $(PY) benchmarks/optimizer_update.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/train_throughput.py
+	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/horovod_synthetic.py
 	timeout -k 20 900 $(MPIRUN) -n 4 $(PY) benchmarks/ps_vs_mwms.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/checked_collectives.py
 	timeout -k 20 3600 $(PY) benchmarks/multihost.py

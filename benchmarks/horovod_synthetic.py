@@ -108,6 +108,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "rounds_step_s": times,
         "ratio_vs_hpcdist_torch": img["horovod"] / img["hpcdist_torch"],
         "ratio_vs_ddp_gloo": img["horovod"] / img["ddp_gloo"],
+        "best_ratio_vs_hpcdist_torch": min(times["hpcdist_torch"]) / min(times["horovod"]),
+        "best_ratio_vs_ddp_gloo": min(times["ddp_gloo"]) / min(times["horovod"]),
+        "load_average": list(os.getloadavg()),
         "parameters": sum(p.numel() for p in build().parameters()),
     }
 

@@ -33,14 +33,20 @@ import numpy as np
 import torch
 
 from hpcdist.horovod.common import basics
+from hpcdist.horovod.common.ops import (
+    ENGINE_OP,
+    OP_NAMES,
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Sum,
+)
 from hpcdist.horovod.common.process_sets import ProcessSet, global_process_set
 from hpcdist.horovod.common.runner import Call, Pending
 from hpcdist.horovod.torch.compression import Compression, Compressor
 
-Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
-             Product: "Product"}
-_ENGINE_OP = {Sum: "SUM", Min: "MIN", Max: "MAX", Product: "PRODUCT", Adasum: "ADASUM"}
+_OP_NAMES, _ENGINE_OP = OP_NAMES, ENGINE_OP
 _DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
            torch.bfloat16, torch.float32, torch.float64, torch.bool)
 _DTYPE_TEXT = "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool"
