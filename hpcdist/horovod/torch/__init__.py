@@ -37,6 +37,7 @@ from hpcdist.horovod.common.basics import (
     start_timeline,
     stop_timeline,
 )
+from hpcdist.horovod.common.ops import Adasum, Average, Max, Min, Product, Sum
 from hpcdist.horovod.common.process_sets import (
     ProcessSet,
     add_process_set,
@@ -52,12 +53,6 @@ from hpcdist.horovod.torch.functions import (
     broadcast_parameters,
 )
 from hpcdist.horovod.torch.mpi_ops import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
     allgather,
     allgather_async,
     allreduce,

@@ -26,9 +26,9 @@ import torch
 
 import hpcdist.torch as hdt
 from hpcdist.collectives import Collectives, CommunicationOptions, ReduceOp
+from hpcdist.horovod.common.ops import Adasum, Average, Sum
 from hpcdist.horovod.common.process_sets import ProcessSet, global_process_set
 from hpcdist.horovod.torch.compression import Compression, Compressor
-from hpcdist.horovod.torch.mpi_ops import Adasum, Average, Sum
 from hpcdist.runtime import mpi
 
 

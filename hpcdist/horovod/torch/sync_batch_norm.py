@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from hpcdist.horovod.common.ops import Sum
 from hpcdist.horovod.common.process_sets import ProcessSet, global_process_set
-from hpcdist.horovod.torch.mpi_ops import Sum, allreduce
+from hpcdist.horovod.torch.mpi_ops import allreduce
 
 
 class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
