@@ -405,6 +405,8 @@ def test_process_sets():
     if pair is not None and pair.included():
         got = hvd.allreduce(torch.tensor([float(_r())]), op=hvd.Sum, process_set=pair)
         assert got.tolist() == [3.0]
+        nodes = hvd.allgather_object(hvd.cross_rank(), process_set=pair)
+        assert (nodes[0] != nodes[1]) == (hvd.cross_size() == 2)  # 2 virtual nodes: crosses
         model, ref = _net(), _net()
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        process_set=pair)
