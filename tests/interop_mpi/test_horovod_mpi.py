@@ -430,3 +430,32 @@ def test_process_sets():
         hvd.allreduce(torch.ones(1), process_set=upper)
     with pytest.raises(ProcessSetError):
         hvd.remove_process_set(hvd.global_process_set)
+
+
+def test_join_with_distributed_optimizer_uneven_data():
+    # rank r has r + 1 batches; after its last one it joins and contributes zero gradients
+    def batch(step, rank):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        return torch.randn(3, 4, generator=g), torch.randn(3, 2, generator=g)
+
+    model = _net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    for step in range(_r() + 1):
+        x, y = batch(step, _r())
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y, reduction="sum").backward()
+        opt.step()
+    last = hvd.join()
+    assert last == _n() - 1
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    ref = _net()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(_n()):
+        ref_opt.zero_grad()
+        loss = sum(torch.nn.functional.mse_loss(ref(x), y, reduction="sum")
+                   for x, y in (batch(step, r) for r in range(step, _n())))
+        (loss / _n()).backward()  # Average over every rank, the joined ones adding zeros
+        ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)

@@ -42,6 +42,7 @@ class ProcessSet:
         self.ranks = ranks
         self._group: _Group | None = None
         self._runner: Runner | None = None
+        self._more: list[Runner] = []  # one per DistributedOptimizer over the set
 
     def size(self) -> int | None:
         """The number of ranks in the set (``None`` before it is added)."""
@@ -74,6 +75,20 @@ class ProcessSet:
             self._runner = Runner(self._group.engine().comm)  # engine(): typed error outside
         return self._runner
 
+    def new_runner(self) -> Runner:
+        """Another runner over the set (its own communicator and thread), for a stream of
+        calls made from another thread (a ``DistributedOptimizer``'s buckets); ``join``
+        joins it too. Collective: every rank of the set makes the same ones in order."""
+        self.runner()  # the typed errors
+        assert self._group is not None
+        extra = Runner(self._group.engine().comm)
+        self._more.append(extra)
+        return extra
+
+    def all_runners(self) -> list[Runner]:
+        """The main runner, then those of :meth:`new_runner` in creation order."""
+        return [self.runner(), *self._more]
+
     def group(self) -> _Group:
         """The hpcdist process set behind it (its ``engine()`` serves hpcdist's own APIs)."""
         if self._group is None:
@@ -92,9 +107,10 @@ class ProcessSet:
         self.process_set_id = set_id
 
     def _detach(self) -> None:
-        if self._runner is not None:
-            self._runner.close()
-            self._runner = None
+        for runner in [*([self._runner] if self._runner else []), *self._more]:
+            runner.close()
+        self._runner = None
+        self._more = []
         if self._group is not None and self is not global_process_set:
             self._group.free()
         self._group = None

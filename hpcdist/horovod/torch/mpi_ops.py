@@ -632,10 +632,13 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 def join(device: int = -1) -> int:
     """Say this rank has no more data: until every rank has joined, it takes part in the
-    others' collectives with zeros (no rows for allgather and alltoall). Returns the rank
-    that joined last."""
+    others' collectives and ``DistributedOptimizer`` steps with zeros (no rows for
+    allgather and alltoall). Returns the rank that joined last."""
     basics.rank()  # not initialized: the typed error
-    return int(global_process_set.runner().join().wait())
+    # every runner of the global set (the collectives', each DistributedOptimizer's) joins
+    pending = [runner.join() for runner in global_process_set.all_runners()]
+    results = [p.wait() for p in pending]
+    return int(results[0])
 
 
 def sparse_allreduce_async(tensor: Any, name: str | None = None, op: int | None = None,

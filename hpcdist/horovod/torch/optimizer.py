@@ -8,7 +8,9 @@ reduction and cast back after), ``gradient_predivide_factor`` (divide
 before the sum, multiply after), ``backward_passes_per_step``,
 ``num_groups`` (bucket size = total gradient bytes / num_groups),
 ``sparse_as_dense`` and ``process_set`` (gradients reduced over the set's
-ranks only, through its engine).
+ranks only). The buckets' reductions are negotiated calls on a runner of the
+process set of their own (:mod:`hpcdist.horovod.common.runner`), so that a rank
+that called ``hvd.join()`` takes part in the others' steps with zero gradients.
 
 Example::
 
@@ -28,6 +30,7 @@ import hpcdist.torch as hdt
 from hpcdist.collectives import Collectives, CommunicationOptions, ReduceOp
 from hpcdist.horovod.common.ops import Adasum, Average, Sum
 from hpcdist.horovod.common.process_sets import ProcessSet, global_process_set
+from hpcdist.horovod.common.runner import Call, Runner
 from hpcdist.horovod.torch.compression import Compression, Compressor
 from hpcdist.runtime import mpi
 
@@ -40,13 +43,15 @@ class _GradientEngine(Collectives):
     wire: torch.dtype | None = None
     summed: bool = False
     predivide: float = 1.0
+    runner: Runner | None = None  # the process set's runner for this optimizer (join-aware)
 
     def allreduce(self, tensors: Any, op: ReduceOp | str,
                   options: CommunicationOptions | None = None, *, out: Any = None) -> list[Any]:
-        if self.summed and ReduceOp.from_any(op) is ReduceOp.MEAN:
+        op = ReduceOp.from_any(op)
+        if self.summed and op is ReduceOp.MEAN:
             op = ReduceOp.SUM
         plain = not all(isinstance(t, torch.Tensor) for t in tensors)  # the engine's own call
-        if plain or (self.wire is None and self.predivide == 1.0):
+        if plain or (self.runner is None and self.wire is None and self.predivide == 1.0):
             return super().allreduce(tensors, op, options, out=out)
         sent = []
         for t in tensors:
@@ -56,7 +61,13 @@ class _GradientEngine(Collectives):
                 if self.wire == torch.bfloat16:  # the engine reduces bf16 values in float32
                     s = s.float()
             sent.append(s)
-        got = super().allreduce(sent, op, options)
+        if self.runner is not None:  # negotiated: ranks that joined take part with zeros
+            arrays = [s.detach().contiguous().numpy() for s in sent]
+            results = self.runner.submit(Call("allreduce", arrays, op=op.value,
+                                              tag="DistributedOptimizer")).wait()
+            got = [torch.from_numpy(r) for r in results]
+        else:
+            got = super().allreduce(sent, op, options)
         targets = list(out) if out is not None else [torch.empty_like(t) for t in tensors]
         with torch.no_grad():
             for target, g in zip(targets, got, strict=True):
@@ -143,6 +154,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         "wire": wires.get(compression),
         "summed": op == Sum,
         "predivide": float(gradient_predivide_factor),
+        "runner": process_set.new_runner() if process_set.included() else None,
     })
     included = process_set.included()
     if included is None:
