@@ -121,6 +121,19 @@ class Call:
         return cls(kind, made, op=op, root=root, splits=splits, tag=tag)
 
 
+def _translated(err: BaseException) -> BaseException:
+    """hpcdist's errors as the Horovod-named ones (both at once)."""
+    if isinstance(err, HorovodInternalError):
+        return err
+    if isinstance(err, CollectiveMismatchError):
+        return HorovodMismatchError(str(err))
+    if isinstance(err, CollectiveTimeoutError):
+        return HorovodTimeoutError(str(err))
+    if isinstance(err, HpcdistError):
+        return HorovodInternalError(f"{type(err).__name__}: {err}")
+    return err
+
+
 def _digest(signature: tuple[Any, ...]) -> int:
     raw = hashlib.blake2b(repr(signature).encode(), digest_size=8).digest()
     return int.from_bytes(raw, "little", signed=True)
@@ -163,6 +176,7 @@ class Runner:
         )
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._running = threading.Lock()  # held while a call runs (thread or inline)
         self._round = 0
         self._join_round = 0
 
@@ -171,6 +185,15 @@ class Runner:
     def submit(self, call: Call) -> Pending:
         """Queue ``call``; the returned :class:`Pending` gives its list of result arrays."""
         return self._put(lambda: self._step(call)[1])
+
+    def run(self, call: Call) -> list[np.ndarray]:
+        """Run ``call`` now on the calling thread (after the one running, if any): for a
+        caller that is itself a communication thread; errors as :meth:`submit` gives them."""
+        with self._running:
+            try:
+                return list(self._step(call)[1])
+            except BaseException as err:
+                raise _translated(err) from err
 
     def join(self) -> Pending:
         """Queue a join: take part with zeros until every rank joined; gives the last rank."""
@@ -194,17 +217,10 @@ class Runner:
                 return
             work, pending = job
             try:
-                pending._result = work()
-            except HorovodInternalError as err:
-                pending._error = err
-            except CollectiveMismatchError as err:
-                pending._error = HorovodMismatchError(str(err))
-            except CollectiveTimeoutError as err:
-                pending._error = HorovodTimeoutError(str(err))
-            except HpcdistError as err:
-                pending._error = HorovodInternalError(f"{type(err).__name__}: {err}")
+                with self._running:
+                    pending._result = work()
             except BaseException as err:  # handed to the waiting thread
-                pending._error = err
+                pending._error = _translated(err)
             finally:
                 pending._event.set()
 

@@ -63,8 +63,8 @@ class _GradientEngine(Collectives):
             sent.append(s)
         if self.runner is not None:  # negotiated: ranks that joined take part with zeros
             arrays = [s.detach().contiguous().numpy() for s in sent]
-            results = self.runner.submit(Call("allreduce", arrays, op=op.value,
-                                              tag="DistributedOptimizer")).wait()
+            results = self.runner.run(Call("allreduce", arrays, op=op.value,
+                                           tag="DistributedOptimizer"))
             got = [torch.from_numpy(r) for r in results]
         else:
             got = super().allreduce(sent, op, options)
