@@ -21,9 +21,12 @@ round at which it joined. Then:
 * every rank joined: ``join`` returns the rank that joined last (the latest
   round; of those, the highest rank).
 
-With a timeout in effect (``HPCDIST_TIMEOUT_SECONDS`` or
-:func:`~hpcdist.collectives.options.set_default_timeout`) a header that
-does not complete raises :class:`~hpcdist.errors.HorovodTimeoutError`.
+Every wait sleeps (short naps) rather than spins, and ends with
+:class:`~hpcdist.errors.HorovodTimeoutError` after the process default
+timeout (``HPCDIST_TIMEOUT_SECONDS``,
+:func:`~hpcdist.collectives.options.set_default_timeout`), else after
+:data:`DEFAULT_TIMEOUT` seconds: a rank that never makes the call is an
+error, not a hang.
 
 Example:
     >>> import numpy as np
@@ -45,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.collectives import Collectives
+from hpcdist.collectives import Collectives, CommunicationOptions
 from hpcdist.collectives.adasum import adasum_allreduce
 from hpcdist.collectives.options import get_default_timeout
 from hpcdist.errors import (
@@ -58,6 +61,8 @@ from hpcdist.errors import (
 )
 
 _ROWS_MAY_DIFFER = ("allgather", "alltoall")
+#: Seconds a call waits for the other ranks when no process default timeout is set.
+DEFAULT_TIMEOUT = 600.0
 
 
 class Call:
@@ -169,7 +174,10 @@ class Runner:
 
     def __init__(self, comm: Any) -> None:
         size = int(comm.Get_size())
-        self.engine = Collectives(comm.Dup() if size > 1 else comm)
+        # With a timeout the engine's waits sleep instead of spinning (a spinning wait takes
+        # the core from the other ranks' compute on a full host) and never hang.
+        options = CommunicationOptions(timeout_seconds=get_default_timeout() or DEFAULT_TIMEOUT)
+        self.engine = Collectives(comm.Dup() if size > 1 else comm, options)
         self.rank, self.size = self.engine.rank, self.engine.size
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Pending] | None] = (
             queue.SimpleQueue()
@@ -241,15 +249,12 @@ class Runner:
             rows[0] = row
             return rows
         request = self.engine.comm.Iallgather(row, rows)
-        timeout = get_default_timeout()
-        if timeout is None:
-            request.Wait()
-            return rows
+        timeout = self.engine.options.timeout_seconds or DEFAULT_TIMEOUT
         deadline, nap = time.monotonic() + timeout, 1e-5
         while not request.Test():
             if time.monotonic() > deadline:
                 err = HorovodTimeoutError(
-                    f"a collective of process set of {self.size} ranks waited more than "
+                    f"a collective of a process set of {self.size} ranks waited more than "
                     f"{timeout} s for the other ranks (a rank skipped it, hangs or died); "
                     "abort the job"
                 )
