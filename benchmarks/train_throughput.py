@@ -88,7 +88,7 @@ def train(strategy: Any, args: argparse.Namespace, seed: int) -> dict[str, float
     grad_fn = hd.nn.value_and_grad(model, compute_loss)
     apply = Stopwatch(optimizer.apply_gradients)
     optimizer.apply_gradients = apply
-    collectives = strategy.extended._collectives
+    collectives = strategy.extended.collectives
     comm = None
     if collectives is not None:
         comm = Stopwatch(collectives.allreduce)

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.005)
     wall = time.perf_counter() - start
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
-    stats = [strategy.extended._client.stats(i) for i in range(jobs["ps"])]
+    stats = [strategy.extended.ps_client.stats(i) for i in range(jobs["ps"])]
     count = sum(s["staleness_count"] for s in stats)
     mean = sum(s["staleness_sum"] for s in stats) / max(count, 1)
     print(f"global step: {int(model.optimizer.iterations.numpy())}")

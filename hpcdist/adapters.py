@@ -43,10 +43,10 @@ def engine_for(strategy: Any = None, private: bool = False) -> Collectives:
         engine = _WORLD[0]
     else:
         ext = strategy.extended
-        engine = ext._collectives
+        engine = ext.collectives
         if engine is None:  # a strategy of one worker: nothing to reduce with other ranks
             engine = Collectives(mpi().COMM_SELF)
-        local = ext._num_local_replicas
+        local = ext.num_local_replicas
         if local != 1:
             raise ValueError(
                 f"{type(strategy).__name__} has {local} replicas in this process; the framework "

@@ -19,9 +19,24 @@ import sys
 from types import ModuleType
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from hpcdist.errors import ArrayInteropError
+
+#: ``ml_dtypes.bfloat16`` as a NumPy dtype: the type JAX and TensorFlow use, and
+#: hpcdist's for bfloat16 data (torch bf16 tensors arrive as arrays of it).
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def is_floating(dtype: Any) -> bool:
+    """Whether ``dtype`` is a real floating dtype: float16/32/64 or bfloat16.
+
+    ``np.issubdtype`` says no for bfloat16 (an ``ml_dtypes`` type); ask here.
+    Example: ``is_floating(BFLOAT16)`` and ``is_floating(np.float32)`` are ``True``.
+    """
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype == BFLOAT16
 
 
 def is_cupy(x: Any) -> bool:
@@ -189,8 +204,10 @@ def import_array(x: Any) -> Any:
     """A NumPy (CPU) or CuPy (GPU) view of ``x``'s memory; NumPy, CuPy and plain values as they are.
 
     Raises :class:`~hpcdist.errors.ArrayInteropError` for a tensor that
-    requires grad, a non-contiguous view, bfloat16 and other dtypes the
-    engine lacks, or a GPU tensor on another GPU than the current one.
+    requires grad, a non-contiguous view, dtypes the engine lacks (bfloat16
+    on a GPU among them), or a GPU tensor on another GPU than the current one.
+    bfloat16 on the CPU arrives as a view of dtype :data:`BFLOAT16` (torch:
+    the memory reinterpreted, since DLPack and NumPy cannot carry the type).
 
     Example: ``import_array(torch.ones(3)).ctypes.data == t.data_ptr()`` (no copy).
     """
@@ -225,12 +242,6 @@ def _from_torch(t: Any) -> Any:
         )
     if t.layout is not torch.strided:
         raise _error("a sparse tensor", f"layout {t.layout}", "Pass tensor.to_dense()")
-    if t.dtype is torch.bfloat16:
-        raise _error(
-            "bfloat16 (the engine has no bfloat16 reduction)",
-            "a torch.bfloat16 tensor",
-            "Convert it with tensor.float() (or .half()) and back with .bfloat16() after the call",
-        )
     if not t.is_contiguous():
         raise _error(
             "a non-contiguous view",
@@ -239,6 +250,14 @@ def _from_torch(t: Any) -> Any:
         )
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
+    if t.dtype is torch.bfloat16:
+        if t.device.type != "cpu":
+            raise _error(
+                "bfloat16 on a GPU (CuPy has no bfloat16 type)",
+                f"a torch.bfloat16 tensor on {t.device}",
+                "Reduce it on the CPU, or in float32 (tensor.float()) on the GPU",
+            )
+        return t.view(torch.int16).numpy().view(BFLOAT16)  # the same memory, retyped
     if t.device.type == "cpu":
         try:
             return t.numpy()
@@ -262,12 +281,6 @@ def _from_torch(t: Any) -> Any:
 
 
 def _from_jax(a: Any) -> Any:
-    if str(a.dtype) == "bfloat16":
-        raise _error(
-            "bfloat16 (the engine has no bfloat16 reduction)",
-            "a bfloat16 JAX array",
-            "Convert it with a.astype(jnp.float32) and back after the call",
-        )
     devices = a.devices()
     if len(devices) != 1:
         raise _error(
@@ -276,8 +289,15 @@ def _from_jax(a: Any) -> Any:
             "Pass one shard (a.addressable_shards[i].data) or jax.device_get(a)",
         )
     platform = next(iter(devices)).platform
+    if platform == "cpu" and np.dtype(a.dtype) == BFLOAT16:
+        return np.asarray(a)  # a read-only view (NumPy's DLPack has no bfloat16)
     if platform == "cpu":
         return np.from_dlpack(a)
+    if platform == "gpu" and np.dtype(a.dtype) == BFLOAT16:
+        raise _error(
+            "bfloat16 on a GPU (CuPy has no bfloat16 type)", "a bfloat16 JAX array on a GPU",
+            "Reduce it on the CPU, or in float32 (a.astype(jnp.float32)) on the GPU",
+        )
     if platform == "gpu":
         import cupy  # lazy: optional GPU dependency (CuPy)
 
@@ -290,11 +310,10 @@ def _from_tensorflow(t: Any) -> Any:
 
     if isinstance(t, tf.Variable):
         t = t.read_value()
-    if t.dtype == tf.bfloat16:
+    if t.dtype == tf.bfloat16 and "GPU" in t.device.upper():
         raise _error(
-            "bfloat16 (the engine has no bfloat16 reduction)",
-            "a tf.bfloat16 tensor",
-            "Convert it with tf.cast(t, tf.float32) and back after the call",
+            "bfloat16 on a GPU (CuPy has no bfloat16 type)", "a tf.bfloat16 tensor on a GPU",
+            "Reduce it on the CPU, or in float32 (tf.cast(t, tf.float32)) on the GPU",
         )
     if "GPU" in t.device.upper():
         import cupy  # lazy: optional GPU dependency (CuPy)
@@ -325,6 +344,9 @@ def export_like(like: Any, result: Any) -> Any:
             return torch.from_dlpack(result)
         if not result.flags.c_contiguous:
             result = result.copy()
+        if result.dtype == BFLOAT16:  # torch has no NumPy bfloat16: retype the same memory
+            out = torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+            return out if like.device.type == "cpu" else out.to(like.device)
         out = torch.from_numpy(result)
         return out if like.device.type == "cpu" else out.to(like.device)
     if kind == "jax":

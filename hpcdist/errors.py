@@ -498,6 +498,20 @@ __all__ += [
 ]
 
 
+class GpuSetupError(HpcdistError, RuntimeError):
+    """CuPy is installed but cannot use this machine's GPUs (a broken install, or a wheel
+    built for a newer CUDA than the driver), so hpcdist refuses to fall back to the CPU
+    silently. The message names the wheel to install, or how to run on CPUs on purpose.
+
+    Example:
+        >>> issubclass(GpuSetupError, RuntimeError)
+        True
+    """
+
+
+__all__ += ["GpuSetupError"]
+
+
 class ProcessSetError(HpcdistError, ValueError):
     """A process set was used wrongly: a rank outside the set called one of its
     collectives, its ranks are invalid, or it was removed or never added.

@@ -374,10 +374,7 @@ def time_interleaved(
 
 
 def memcpy_bandwidth(comm: Any, nbytes: int, repeats: int, stat: str) -> float:
-    """Per-rank ``np.copyto`` GB/s of an ``nbytes`` buffer, every rank copying at once.
-
-    Example: ``memcpy_bandwidth(comm, 64 << 20, repeats=5, stat="median")``.
-    """
+    """Per-rank ``np.copyto`` GB/s of an ``nbytes`` buffer, every rank copying at once."""
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     copy = functools.partial(np.copyto, dst, src)
@@ -385,7 +382,7 @@ def memcpy_bandwidth(comm: Any, nbytes: int, repeats: int, stat: str) -> float:
     return nbytes / statistic(times["memcpy"], stat) / 1e9
 
 
-def _agree_or_raise(comm: Any, problems: list[str], what: str) -> None:
+def agree_or_raise(comm: Any, problems: list[str], what: str) -> None:
     """Raise on every rank when any rank found a problem (so no rank waits for the others)."""
     everyone = comm.allgather(problems)
     found = [f"rank {rank}: {p}" for rank, ps in enumerate(everyone) for p in ps]
@@ -529,7 +526,7 @@ def measure_size(
                 problems.append(f"{name} of {format_bytes(nbytes)} differs from raw MPI")
         if tensor is not None:
             gbuf.fill(0)  # zeros stay zeros: repeated in-place sums never overflow
-        _agree_or_raise(comm, problems, "all-reduce results differ")
+        agree_or_raise(comm, problems, "all-reduce results differ")
     return time_interleaved(comm, calls, iters, repeats, warmup)
 
 
@@ -574,7 +571,7 @@ def measure_resnet(
             for a, (_, r) in zip(got, pairs, strict=True)
         ):
             problems.append("hpcdist allreduce of the ResNet-50 list differs from raw MPI")
-        _agree_or_raise(comm, problems, "ResNet-50 all-reduce results differ")
+        agree_or_raise(comm, problems, "ResNet-50 all-reduce results differ")
         del got
     times = time_interleaved(comm, calls, iters=1, repeats=repeats, warmup=warmup)
     seconds = {name: statistic(t, stat) for name, t in times.items()}

@@ -19,10 +19,7 @@ from typing import Any
 
 
 def save_report(name: str, report: dict[str, Any], folder: str | pathlib.Path) -> pathlib.Path:
-    """Write ``report`` as indented JSON to ``<folder>/<name>.json`` and return the path.
-
-    Example: ``save_report("allreduce", report, "benchmarks/results")``.
-    """
+    """Write ``report`` as indented JSON to ``<folder>/<name>.json`` and return the path."""
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"

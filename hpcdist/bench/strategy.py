@@ -50,7 +50,7 @@ from hpcdist.bench.allreduce import (
     RAW,
     BenchmarkError,
     Gloo,
-    _agree_or_raise,
+    agree_or_raise,
     format_bytes,
     parse_bytes,
     time_call,
@@ -200,7 +200,7 @@ def measure_size(nbytes: int, *, comm: Any, strategy: Any, gloo: Gloo, repeats: 
     rank = comm.Get_rank()
     x = ((np.arange(nbytes // 4) % 17 + rank) * 0.25).astype(np.float32)
     recv = np.empty_like(x)
-    engine = strategy.extended._collectives
+    engine = strategy.extended.collectives
     per_replica = strategy.experimental_distribute_values_from_function(lambda ctx: x)
 
     def step(g: Any) -> Any:
@@ -233,7 +233,7 @@ def measure_size(nbytes: int, *, comm: Any, strategy: Any, gloo: Gloo, repeats: 
         if np.asarray(got).view(np.uint8).tobytes() != recv.view(np.uint8).tobytes():
             problems.append(f"{name} of {format_bytes(nbytes)} differs from raw MPI's bits")
         del got
-    _agree_or_raise(comm, problems, "strategy-path results differ")
+    agree_or_raise(comm, problems, "strategy-path results differ")
     times = time_shuffled(comm, calls, _iters(nbytes, quick), _repeats(nbytes, repeats), warmup=2)
     return times, picked
 
@@ -264,7 +264,7 @@ def measure_resnet(*, comm: Any, strategy: Any, repeats: int) -> dict[str, Any]:
     rank = comm.Get_rank()
     grads = resnet50_gradients(np.dtype(np.float32), fill=rank + 1)
     pairs = [(g, np.empty_like(g)) for g in grads]
-    engine = strategy.extended._collectives
+    engine = strategy.extended.collectives
 
     def loop() -> None:
         for g, r in pairs:
@@ -285,7 +285,7 @@ def measure_resnet(*, comm: Any, strategy: Any, repeats: int) -> dict[str, Any]:
     problems = []
     if not all(np.array_equal(a, r) for a, (_, r) in zip(got, pairs, strict=True)):
         problems.append("run + all_reduce of the ResNet-50 list differs from raw MPI")
-    _agree_or_raise(comm, problems, "ResNet-50 results differ")
+    agree_or_raise(comm, problems, "ResNet-50 results differ")
     del got
     times = time_shuffled(comm, calls, iters=1, repeats=repeats, warmup=1)
     best = {name: min(t) for name, t in times.items()}
@@ -313,7 +313,7 @@ def measure_small_costs(*, comm: Any, strategy: Any, repeats: int) -> dict[str, 
         for seq in range(1, n + 1):
             arrive_and_wait(flags, 0, 1, 8, seq, 12345, 100)
         best = min(best, (time.perf_counter() - t0) / n)
-    engine = strategy.extended._collectives
+    engine = strategy.extended.collectives
     x = np.ones(1024, np.float32)
     checked = CommunicationOptions(timeout_seconds=600)
     calls: dict[str, Callable[[], Any]] = {

@@ -102,10 +102,10 @@ class FitState:
     def _iterator_meta(self) -> dict | None:
         if self.iterator is not None:
             return self.iterator._checkpoint_state()[1]
-        if self.dist is None or not hasattr(self.dist, "_sources"):
+        if self.dist is None or not hasattr(self.dist, "sources"):
             return None
 
-        counts = [iteration_counts(s) for s in self.dist._sources]
+        counts = [iteration_counts(s) for s in self.dist.sources]
         return {"counts": counts, "steps": 0, "done": False}
 
     def _checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
@@ -188,7 +188,7 @@ class BackupAndRestore(Callback):
         self._batches_since_save = 0
 
     # -- called by fit
-    def _begin(self, model: Any, state: FitState) -> bool:
+    def begin_fit(self, model: Any, state: FitState) -> bool:
         """Make the checkpoint, restore the newest backup (collective); whether one was found."""
 
         self._state = state
@@ -203,7 +203,7 @@ class BackupAndRestore(Callback):
             self._watcher.start()
         return state.resumed
 
-    def _check_preemption(self) -> None:
+    def check_preemption(self) -> None:
         """Before a step: if any worker was signalled, save here on every worker and exit."""
         watcher = self._watcher
         if watcher is None:
@@ -215,7 +215,7 @@ class BackupAndRestore(Callback):
         watcher.mark_handled(received)
         self.exit_fn()
 
-    def _end(self) -> None:
+    def end_fit(self) -> None:
         """Stop watching the signals and free the watcher's communicator (fit's ``finally``)."""
         if self._watcher is not None:
             self._watcher.close()
@@ -241,7 +241,7 @@ class BackupAndRestore(Callback):
 
     def on_train_end(self, logs: Logs | None = None) -> None:
         """``fit`` completed: delete the backup (``delete_checkpoint``) on the chief."""
-        self._end()
+        self.end_fit()
         if self.delete_checkpoint and self._manager is not None and is_chief(self.model):
             _delete_backup(self.backup_dir)
         self._manager = None

@@ -47,10 +47,10 @@ def _same_on_every_worker(model: Any, value: float) -> float:
     """The chief's ``value`` on every worker (a broadcast under a multi-worker strategy)."""
     strategy = getattr(model, "distribute_strategy", None)
     extended = getattr(strategy, "extended", None)
-    if extended is None or getattr(extended, "_num_workers", 1) <= 1:
+    if extended is None or getattr(extended, "num_workers", 1) <= 1:
         return value
 
-    out = extended._broadcast_initial_value(np.array([value], dtype=np.float64))
+    out = extended.broadcast_initial_value(np.array([value], dtype=np.float64))
     return float(to_host(out)[0])
 
 
@@ -109,8 +109,6 @@ class ReduceLROnPlateau(Callback):
     ``"min"`` mode, upwards in ``"max"`` mode; ``"auto"``: max for names ending
     in ``acc``, ``accuracy`` or ``auc``). After a reduction, ``cooldown`` epochs
     pass before counting again; the rate never goes below ``min_lr``.
-
-    Example: ``ReduceLROnPlateau(monitor="val_loss", factor=0.2, patience=5, min_lr=1e-5)``.
     """
 
     def __init__(

@@ -75,10 +75,7 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> str | None:
 
 
 def delete_checkpoint_files(prefix: str) -> None:
-    """Delete a checkpoint's files: the manifest first, so a half-deleted one is never valid.
-
-    Example: ``delete_checkpoint_files("/ckpt/ckpt-3")``.
-    """
+    """Delete a checkpoint's files: the manifest first, so a half-deleted one is never valid."""
     for path in [index_file(prefix), data_file(prefix), *glob.glob(glob.escape(prefix) + ".ps-*")]:
         try:
             os.unlink(path)
@@ -230,8 +227,6 @@ class CheckpointManager:
         (incremented by every save either way). Returns ``None`` when
         ``checkpoint_interval`` says it is too early (or this step was saved already).
         Collective under a multi-worker strategy.
-
-        Example: ``manager.save(checkpoint_number=step)``.
         """
         if self._checkpoint_interval is not None:
             step = int(self._step_counter)
@@ -260,8 +255,6 @@ class CheckpointManager:
         naming it and the one before it is tried. If every managed checkpoint is
         damaged, ``CheckpointCorruptError`` lists them (nothing is initialised:
         a silent restart from scratch would lose the run). Collective.
-
-        Example: ``start = manager.restore_or_initialize()``.
         """
         refused = []
         for path in reversed(self.checkpoints):

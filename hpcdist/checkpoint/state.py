@@ -104,7 +104,8 @@ def ps_variables_of(adapter: Any) -> list:
 
 
 def _host(x: Any) -> np.ndarray:
-    return np.array(to_host(np.asarray(x) if not hasattr(x, "_read") else x._read()), copy=True)
+    value = x.raw_value() if hasattr(x, "raw_value") else np.asarray(x)
+    return np.array(to_host(value), copy=True)
 
 
 def _check_array(owner: str, name: str, saved: np.ndarray, shape: Any, dtype: Any) -> None:

@@ -38,13 +38,13 @@ __all__ = ["Group", "is_ps_strategy"]
 _CHUNK = 1 << 30  # bytes per Bcast (stays below MPI's int count limit)
 
 
-def _communicator(strategy: Any) -> Any:
+def workers_communicator(strategy: Any) -> Any:
     """A new communicator of the strategy's workers (``None`` with one worker); collective."""
     ext = strategy.extended
     if is_ps_strategy(strategy):
         return clients_comm(strategy)
-    collectives = getattr(ext, "_collectives", None)
-    if collectives is None or getattr(ext, "_num_workers", 1) <= 1:
+    collectives = getattr(ext, "collectives", None)
+    if collectives is None or getattr(ext, "num_workers", 1) <= 1:
         return None
     comm = collectives.comm
     return None if comm is None or comm.Get_size() == 1 else comm.Dup()
@@ -93,7 +93,7 @@ class Group:
 
         Example: ``g = Group.open(hd.distribute.get_strategy()); g.close()``.
         """
-        comm = _communicator(strategy)
+        comm = workers_communicator(strategy)
         return cls(comm, bool(strategy.extended.should_checkpoint))
 
     @property
@@ -179,10 +179,7 @@ class Group:
         return json.loads(self._bcast_bytes(data, self.root))
 
     def gather_json(self, obj: Any) -> list | None:
-        """Every worker's JSON-able ``obj``, in rank order, on the root (``None`` elsewhere).
-
-        Example: ``per_worker = g.gather_json(my_meta)``.
-        """
+        """Every worker's JSON-able ``obj``, in rank order, on the root (``None`` elsewhere)."""
         if self.comm is None:
             return [obj]
 

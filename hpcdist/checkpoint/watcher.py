@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.checkpoint.sync import _communicator
+from hpcdist.checkpoint.sync import workers_communicator
 from hpcdist.runtime import mpi
 
 __all__ = ["PREEMPTION_SIGNALS", "PreemptionWatcher"]
@@ -64,7 +64,7 @@ class PreemptionWatcher:
         signals: tuple[signal.Signals, ...] = PREEMPTION_SIGNALS,
         poll_interval: float = 1.0,
     ) -> None:
-        self._comm = None if strategy is None else _communicator(strategy)
+        self._comm = None if strategy is None else workers_communicator(strategy)
         self._watcher_fn = termination_watcher_fn
         self._signals = tuple(signals)
         self._poll_interval = float(poll_interval)

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import abc
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpcdist.cluster import gpus as _gpus
 from hpcdist.cluster.envparse import check_int_arg, environ_or_default, short
 from hpcdist.cluster.spec import ClusterSpec
 from hpcdist.errors import ClusterConfigError, DuplicateTaskError
+
+if TYPE_CHECKING:
+    from hpcdist.cluster.launchers import LaunchInfo
 
 #: The highest TCP port.
 MAX_PORT = 65535
@@ -124,7 +128,35 @@ class ClusterResolver(abc.ABC):
 
     Subclasses implement :meth:`cluster_spec` and, where TF gives it other rules,
     :meth:`master`; ``task_type``, ``task_id`` and ``rpc_layer`` are settable, as in TF.
+
+    A subclass that sets ``detect_order`` registers itself with
+    :func:`hpcdist.cluster.detect.resolve` (as jax's cluster plug-ins do): ``resolve``
+    asks the registered classes' :meth:`detected`, lowest ``detect_order`` first, and
+    makes the first that fits with the keyword arguments named in ``resolve_kwargs``.
     """
+
+    #: The place in the order ``resolve`` tries (``None``: not tried).
+    detect_order: ClassVar[int | None] = None
+    #: The keyword arguments of ``resolve`` this resolver takes (the others are dropped).
+    resolve_kwargs: ClassVar[frozenset[str]] = frozenset()
+    _registered: ClassVar[list[type[ClusterResolver]]] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("detect_order") is not None:
+            ClusterResolver._registered.append(cls)
+            ClusterResolver._registered.sort(key=lambda c: c.detect_order or 0)
+
+    @classmethod
+    def detected(
+        cls, environ: Mapping[str, str], launch: Callable[[], LaunchInfo | None]
+    ) -> str | None:
+        """Why this resolver fits a process started with ``environ``, else ``None``.
+
+        ``launch()`` gives the launcher's variables (``None``: no launcher), and
+        raises ``LauncherConfigError`` where they are malformed.
+        """
+        return None
 
     _task_type: str | None = None
     _task_id: int | None = None
@@ -206,6 +238,11 @@ class ClusterResolver(abc.ABC):
             return ""
         address = self.cluster_spec().task_address(task_type, task_id)
         return format_master_url(address, rpc_layer or self.rpc_layer)
+
+
+def detectable_resolvers() -> tuple[type[ClusterResolver], ...]:
+    """The resolver classes :func:`hpcdist.cluster.detect.resolve` tries, in order."""
+    return tuple(ClusterResolver._registered)
 
 
 class SimpleClusterResolver(ClusterResolver):

@@ -30,78 +30,57 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hpcdist.cluster.base import ClusterResolver
+from hpcdist.cluster.base import ClusterResolver, detectable_resolvers
 from hpcdist.cluster.envparse import environ_or_default
-from hpcdist.cluster.launchers import (
-    LaunchInfo,
-    detect_launcher,
-    slurm_step_id,
-)
+from hpcdist.cluster.launchers import LaunchInfo, detect_launcher
 from hpcdist.cluster.mpi import MPIClusterResolver
 from hpcdist.cluster.schedulers import detect_scheduler
 from hpcdist.cluster.slurm import SlurmClusterResolver
 from hpcdist.cluster.tfconfig import TFConfigClusterResolver
-from hpcdist.errors import LauncherConfigError
+from hpcdist.errors import ClusterConfigError, LauncherConfigError
 
-TF_CONFIG_RESOLVER = "TFConfigClusterResolver"
-MPI_RESOLVER = "MPIClusterResolver"
-SLURM_RESOLVER = "SlurmClusterResolver"
-
-#: Keyword arguments each resolver accepts from :func:`resolve`.
-RESOLVER_KWARGS: dict[str, frozenset[str]] = {
-    TF_CONFIG_RESOLVER: frozenset({"task_type", "task_id", "rpc_layer", "environment"}),
-    MPI_RESOLVER: frozenset({"jobs", "port_base", "rpc_layer", "comm", "hosts"}),
-    SLURM_RESOLVER: frozenset(
-        {
-            "jobs",
-            "port_base",
-            "gpus_per_node",
-            "gpus_per_task",
-            "tasks_per_node",
-            "auto_set_gpu",
-            "rpc_layer",
-        }
-    ),
-}
+# The resolvers register by class (``detect_order``); importing them is what registers them.
+BUILT_IN = (TFConfigClusterResolver, MPIClusterResolver, SlurmClusterResolver)
 
 
-def _choose(environ: Mapping[str, str]) -> tuple[str, str, LaunchInfo | None]:
-    """(resolver class name, reason, launch info); raises on malformed launcher variables."""
-    if environ.get("TF_CONFIG", "").strip():
-        try:  # informational only: TF_CONFIG wins even over malformed launcher variables
-            launch = detect_launcher(environ)
+def _choose(environ: Mapping[str, str]) -> tuple[type[ClusterResolver], str, LaunchInfo | None]:
+    """(resolver class, reason, launch info); raises on malformed launcher variables.
+
+    The launcher's variables are read when a resolver asks for them, so a resolver
+    tried earlier (``TF_CONFIG``) wins even over malformed ones.
+    """
+    read: list[LaunchInfo | None] = []
+
+    def launch() -> LaunchInfo | None:
+        if not read:
+            read.append(detect_launcher(environ))
+        return read[0]
+
+    for cls in detectable_resolvers():
+        reason = cls.detected(environ, launch)
+        if reason is not None:
+            break
+    else:  # MPIClusterResolver fits whenever srun's SlurmClusterResolver does not
+        names = [c.__name__ for c in detectable_resolvers()]
+        raise ClusterConfigError(
+            f"none of the registered cluster resolvers {names} fits this environment; "
+            "pass a cluster resolver to the strategy"
+        )
+    if not read:
+        try:  # informational only
+            launch()
         except LauncherConfigError:
-            launch = None
-        return TF_CONFIG_RESOLVER, "TF_CONFIG is set", launch
-    launch = detect_launcher(environ)
-    if launch is not None and not launch.launcher.startswith("srun"):
-        return (
-            MPI_RESOLVER,
-            f"the {launch.launcher} launcher's variables are present "
-            f"(rank {launch.rank} of {launch.size})",
-            launch,
-        )
-    if launch is not None:
-        step = slurm_step_id(environ)
-        return (
-            SLURM_RESOLVER,
-            f"inside srun step {step} ({launch.launcher}, rank {launch.rank} of {launch.size})",
-            launch,
-        )
-    return (
-        MPI_RESOLVER,
-        "no TF_CONFIG, launcher variables or srun step: rank and size will come from MPI "
-        "itself (a plain python run is a world of one)",
-        None,
-    )
+            read.append(None)
+    return cls, reason, read[0]
 
 
 def resolve(environ: Mapping[str, str] | None = None, **kwargs: Any) -> ClusterResolver:
     """The cluster resolver for this process, chosen in the order of the module docstring.
 
     ``kwargs`` go to the chosen resolver, those it does not take are dropped
-    (see :data:`RESOLVER_KWARGS`): ``resolve(jobs={"ps": 1, "worker": 3})``
-    applies the jobs under mpirun or srun and is ignored with ``TF_CONFIG``.
+    (each resolver class lists its own in ``resolve_kwargs``):
+    ``resolve(jobs={"ps": 1, "worker": 3})`` applies the jobs under mpirun or
+    srun and is ignored with ``TF_CONFIG``.
 
     Raises:
         TypeError: a keyword that no resolver takes.
@@ -113,21 +92,16 @@ def resolve(environ: Mapping[str, str] | None = None, **kwargs: Any) -> ClusterR
         >>> type(r).__name__, r.master()
         ('MPIClusterResolver', 'grpc://n1:8888')
     """
-    known = frozenset().union(*RESOLVER_KWARGS.values())
+    known = frozenset().union(*(cls.resolve_kwargs for cls in detectable_resolvers()))
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise TypeError(
             f"resolve() got unexpected keyword arguments {unknown}; expected some of "
             f"{sorted(known)}"
         )
-    name, _reason, _launch = _choose(environ_or_default(environ))
-    args = {k: v for k, v in kwargs.items() if k in RESOLVER_KWARGS[name]}
-    if name == TF_CONFIG_RESOLVER:
-        return TFConfigClusterResolver(environ=environ, **args)
-    if name == MPI_RESOLVER:
-        return MPIClusterResolver(environ=environ, **args)
-
-    return SlurmClusterResolver(environ=environ, **args)
+    cls, _reason, _launch = _choose(environ_or_default(environ))
+    args = {k: v for k, v in kwargs.items() if k in cls.resolve_kwargs}
+    return cls(environ=environ, **args)  # type: ignore[call-arg]
 
 
 def describe_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -167,7 +141,7 @@ def describe_environment(environ: Mapping[str, str] | None = None) -> dict[str, 
         out.update(scheduler=scheduler.scheduler, job_id=scheduler.job_id)
         out["in_step"] = scheduler.in_step
     try:
-        name, reason, launch = _choose(env)
+        cls, reason, launch = _choose(env)
     except LauncherConfigError as e:
         out.update(error=str(e), reason="the launcher variables are malformed")
         return out
@@ -179,8 +153,8 @@ def describe_environment(environ: Mapping[str, str] | None = None) -> dict[str, 
             local_rank=launch.local_rank,
             local_size=launch.local_size,
         )
-    out.update(resolver=name, reason=reason)
+    out.update(resolver=cls.__name__, reason=reason)
     return out
 
 
-__all__ = ["resolve", "describe_environment", "RESOLVER_KWARGS"]
+__all__ = ["resolve", "describe_environment"]

@@ -96,7 +96,7 @@ class LaunchInfo:
 # -- parsing helpers -----------------------------------------------------------------
 
 
-def _opt_int(environ: Mapping[str, str], name: str) -> int | None:
+def opt_int(environ: Mapping[str, str], name: str) -> int | None:
     """The non-negative integer in ``environ[name]``, ``None`` if unset."""
     value = environ.get(name)
     if value is None:
@@ -108,7 +108,7 @@ def _opt_int(environ: Mapping[str, str], name: str) -> int | None:
 
 
 def _req_int(environ: Mapping[str, str], name: str, launcher: str) -> int:
-    value = _opt_int(environ, name)
+    value = opt_int(environ, name)
     if value is None:
         raise LauncherConfigError(
             f"{name} is not set, but other {launcher} variables are; expected {launcher} to "
@@ -117,11 +117,11 @@ def _req_int(environ: Mapping[str, str], name: str, launcher: str) -> int:
     return value
 
 
-def _first_int(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, int | None]:
+def first_int(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, int | None]:
     """The first of ``names`` that is set, with its value (``names[0], None`` if none)."""
     for name in names:
         if name in environ:
-            return name, _opt_int(environ, name)
+            return name, opt_int(environ, name)
     return names[0], None
 
 
@@ -255,8 +255,8 @@ class _PrefixLauncher(Launcher):
             n,
             (p + "RANK", _req_int(environ, p + "RANK", n)),
             (p + "SIZE", _req_int(environ, p + "SIZE", n)),
-            (p + "LOCAL_RANK", _opt_int(environ, p + "LOCAL_RANK")),
-            (p + "LOCAL_SIZE", _opt_int(environ, p + "LOCAL_SIZE")),
+            (p + "LOCAL_RANK", opt_int(environ, p + "LOCAL_RANK")),
+            (p + "LOCAL_SIZE", opt_int(environ, p + "LOCAL_SIZE")),
         )
 
 
@@ -288,7 +288,7 @@ class OpenMPILauncher(_PrefixLauncher):
     prefix = "OMPI_COMM_WORLD_"
 
     def read(self, environ: Mapping[str, str]) -> LaunchInfo:
-        _opt_int(environ, "OMPI_COMM_WORLD_NODE_RANK")  # validated, not used
+        opt_int(environ, "OMPI_COMM_WORLD_NODE_RANK")  # validated, not used
         return super().read(environ)
 
 
@@ -332,9 +332,9 @@ class PALSLauncher(Launcher):
             n,
             ("PALS_RANKID", _req_int(environ, "PALS_RANKID", n)),
             ("PMI_SIZE", _req_int(environ, "PMI_SIZE", n)),
-            ("PALS_LOCAL_RANKID", _opt_int(environ, "PALS_LOCAL_RANKID")),
-            _first_int(environ, ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE")),
-            _opt_int(environ, "PALS_NODEID"),
+            ("PALS_LOCAL_RANKID", opt_int(environ, "PALS_LOCAL_RANKID")),
+            first_int(environ, ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE")),
+            opt_int(environ, "PALS_NODEID"),
         )
 
 
@@ -361,8 +361,8 @@ class HydraLauncher(Launcher):
             n,
             ("PMI_RANK", _req_int(environ, "PMI_RANK", n)),
             ("PMI_SIZE", _req_int(environ, "PMI_SIZE", n)),
-            ("MPI_LOCALRANKID", _opt_int(environ, "MPI_LOCALRANKID")),
-            ("MPI_LOCALNRANKS", _opt_int(environ, "MPI_LOCALNRANKS")),
+            ("MPI_LOCALRANKID", opt_int(environ, "MPI_LOCALRANKID")),
+            ("MPI_LOCALNRANKS", opt_int(environ, "MPI_LOCALNRANKS")),
         )
 
 
@@ -386,14 +386,14 @@ class FluxLauncher(Launcher):
     def read(self, environ: Mapping[str, str]) -> LaunchInfo:
         n = self.name
         size = _req_int(environ, "FLUX_JOB_SIZE", n)
-        nnodes = _opt_int(environ, "FLUX_JOB_NNODES")
+        nnodes = opt_int(environ, "FLUX_JOB_NNODES")
         if nnodes == 0:
             raise LauncherConfigError("FLUX_JOB_NNODES is 0; expected at least 1 node (flux)")
         return _checked(
             n,
             ("FLUX_TASK_RANK", _req_int(environ, "FLUX_TASK_RANK", n)),
             ("FLUX_JOB_SIZE", size),
-            ("FLUX_TASK_LOCAL_ID", _opt_int(environ, "FLUX_TASK_LOCAL_ID")),
+            ("FLUX_TASK_LOCAL_ID", opt_int(environ, "FLUX_TASK_LOCAL_ID")),
             ("FLUX_JOB_SIZE", size if nnodes == 1 else None),
             0 if nnodes == 1 else None,
         )
@@ -442,11 +442,11 @@ class SrunLauncher(Launcher):
     def read(self, environ: Mapping[str, str]) -> LaunchInfo:
         n = self.flavour(environ)
         rank = _req_int(environ, "SLURM_PROCID", n)
-        size_var, size = _first_int(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
+        size_var, size = first_int(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
         if size is None:
             size = _req_int(environ, "SLURM_STEP_NUM_TASKS", n)
-        node = _opt_int(environ, "SLURM_NODEID")
-        nnodes = _opt_int(environ, "SLURM_STEP_NUM_NODES")
+        node = opt_int(environ, "SLURM_NODEID")
+        nnodes = opt_int(environ, "SLURM_STEP_NUM_NODES")
         _checked(n, ("SLURM_PROCID", rank), (size_var, size))  # the rank first, then the node
         local_size: int | None = None
         if nnodes == 1:
@@ -457,7 +457,7 @@ class SrunLauncher(Launcher):
             n,
             ("SLURM_PROCID", rank),
             (size_var, size),
-            ("SLURM_LOCALID", _opt_int(environ, "SLURM_LOCALID")),
+            ("SLURM_LOCALID", opt_int(environ, "SLURM_LOCALID")),
             ("SLURM_STEP_TASKS_PER_NODE", local_size),
             node,
         )
@@ -481,7 +481,7 @@ class PMIxLauncher(Launcher):
         return "PMIX_RANK" in environ and any(v in environ for v in self._size_vars)
 
     def read(self, environ: Mapping[str, str]) -> LaunchInfo:
-        size_var, size = _first_int(environ, self._size_vars)
+        size_var, size = first_int(environ, self._size_vars)
         rank = _req_int(environ, "PMIX_RANK", self.name)
         if size is None:
             size = _req_int(environ, size_var, self.name)

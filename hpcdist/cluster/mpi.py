@@ -121,6 +121,27 @@ class MPIClusterResolver(ClusterResolver):
         ('hydra', {'worker': ['n1:8888']})
     """
 
+    detect_order = 1
+    resolve_kwargs = frozenset({"jobs", "port_base", "rpc_layer", "comm", "hosts"})
+
+    @classmethod
+    def detected(
+        cls, environ: Mapping[str, str], launch: Callable[[], LaunchInfo | None]
+    ) -> str | None:
+        """An MPI launcher's variables (not srun's), or none at all: MPI then says."""
+        info = launch()
+        if info is None:
+            return (
+                "no TF_CONFIG, launcher variables or srun step: rank and size will come from "
+                "MPI itself (a plain python run is a world of one)"
+            )
+        if info.launcher.startswith("srun"):
+            return None
+        return (
+            f"the {info.launcher} launcher's variables are present "
+            f"(rank {info.rank} of {info.size})"
+        )
+
     def __init__(
         self,
         jobs: Mapping[str, int] | None = None,

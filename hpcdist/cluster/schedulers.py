@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpcdist.cluster.envparse import environ_or_default
-from hpcdist.cluster.launchers import _first_int, _opt_int, slurm_step_id  # package-internal
+from hpcdist.cluster.launchers import first_int, opt_int, slurm_step_id  # package-internal
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,11 @@ def _slurm(environ: Mapping[str, str]) -> SchedulerInfo:
     job_id = environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID"))
     in_step = slurm_step_id(environ) is not None
     if in_step:
-        tasks = _first_int(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"))
-        nodes = _first_int(environ, ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"))
+        tasks = first_int(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"))
+        nodes = first_int(environ, ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"))
     else:
-        tasks = _first_int(environ, ("SLURM_NTASKS", "SLURM_NPROCS"))
-        nodes = _first_int(environ, ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"))
+        tasks = first_int(environ, ("SLURM_NTASKS", "SLURM_NPROCS"))
+        nodes = first_int(environ, ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"))
     return SchedulerInfo("slurm", job_id, tasks[1], nodes[1], in_step)
 
 
@@ -55,8 +55,8 @@ def _flux(environ: Mapping[str, str]) -> SchedulerInfo:
     return SchedulerInfo(
         "flux",
         environ.get("FLUX_JOB_ID"),
-        _opt_int(environ, "FLUX_JOB_SIZE"),
-        _opt_int(environ, "FLUX_JOB_NNODES"),
+        opt_int(environ, "FLUX_JOB_SIZE"),
+        opt_int(environ, "FLUX_JOB_NNODES"),
         "FLUX_TASK_RANK" in environ,
     )
 
@@ -65,8 +65,8 @@ def _pbs(environ: Mapping[str, str]) -> SchedulerInfo:
     return SchedulerInfo(
         "pbs",
         environ.get("PBS_JOBID"),
-        _opt_int(environ, "PBS_NP"),
-        _opt_int(environ, "PBS_NUM_NODES"),
+        opt_int(environ, "PBS_NP"),
+        opt_int(environ, "PBS_NUM_NODES"),
         "PALS_RANKID" in environ,
     )
 
@@ -75,7 +75,7 @@ def _lsf(environ: Mapping[str, str]) -> SchedulerInfo:
     return SchedulerInfo(
         "lsf",
         environ.get("LSB_JOBID"),
-        _opt_int(environ, "LSB_DJOB_NUMPROC"),
+        opt_int(environ, "LSB_DJOB_NUMPROC"),
         None,
         "JSM_NAMESPACE_RANK" in environ,
     )

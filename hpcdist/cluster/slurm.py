@@ -48,13 +48,13 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 
 from hpcdist.cluster import gpus as _gpus
 from hpcdist.cluster.base import ClusterResolver, assign_jobs, task_of_rank
 from hpcdist.cluster.envparse import check_int_arg, parse_uint, short
 from hpcdist.cluster.hostlist import expand_hostlist, expand_tasks_per_node
-from hpcdist.cluster.launchers import find_launcher, slurm_step_id
+from hpcdist.cluster.launchers import LaunchInfo, find_launcher, slurm_step_id
 from hpcdist.cluster.spec import ClusterSpec
 from hpcdist.errors import GPUBindingError, LauncherConfigError, SlurmConfigError
 
@@ -364,6 +364,30 @@ class SlurmClusterResolver(ClusterResolver):
         >>> r.task_type, r.task_id, r.num_accelerators(), env["CUDA_VISIBLE_DEVICES"]
         ('worker', 1, {'GPU': 2}, '2,3')
     """
+
+    detect_order = 2
+    resolve_kwargs = frozenset(
+        {
+            "jobs",
+            "port_base",
+            "gpus_per_node",
+            "gpus_per_task",
+            "tasks_per_node",
+            "auto_set_gpu",
+            "rpc_layer",
+        }
+    )
+
+    @classmethod
+    def detected(
+        cls, environ: Mapping[str, str], launch: Callable[[], LaunchInfo | None]
+    ) -> str | None:
+        """Inside an srun step (with or without ``--mpi=pmix``/``pmi2``)."""
+        info = launch()
+        if info is None or not info.launcher.startswith("srun"):
+            return None
+        step = slurm_step_id(environ)
+        return f"inside srun step {step} ({info.launcher}, rank {info.rank} of {info.size})"
 
     def __init__(
         self,

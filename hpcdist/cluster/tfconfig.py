@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpcdist.cluster.base import ClusterResolver, format_master_url
 from hpcdist.cluster.envparse import parse_uint, short
@@ -330,6 +331,14 @@ class TFConfigClusterResolver(ClusterResolver):
         >>> r.task_type, r.task_id, r.master(), r.master("worker", 0, rpc_layer="grpc")
         ('chief', 0, 'c:1', 'grpc://w:1')
     """
+
+    detect_order = 0  # an explicit description written by the user wins over anything inferred
+    resolve_kwargs = frozenset({"task_type", "task_id", "rpc_layer", "environment"})
+
+    @classmethod
+    def detected(cls, environ: Mapping[str, str], launch: Callable[[], Any]) -> str | None:
+        """``TF_CONFIG`` is set and not blank (malformed launcher variables do not matter)."""
+        return "TF_CONFIG is set" if environ.get("TF_CONFIG", "").strip() else None
 
     def __init__(
         self,

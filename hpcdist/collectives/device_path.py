@@ -16,10 +16,11 @@ one *route*, and returns views of them, on the inputs' GPU:
   (device pointers when CUDA-aware, else staged), NCCL broadcast in the node.
 
 Which route (:func:`choose_route`), from ``CommunicationOptions.implementation``:
-AUTO is ``nccl`` when NCCL is available, else ``mpi-device`` or ``staged``;
-NCCL is ``nccl`` (even on one rank); MPI/RING are ``mpi-device`` or
-``staged``; SHM is ``staged``; HIERARCHICAL is ``hierarchical`` (``staged``
-without NCCL). Groups of a dtype NCCL lacks (int16, uint16) are staged.
+AUTO is ``nccl`` when NCCL is available and no two ranks share a GPU (NCCL refuses
+one GPU twice), else ``mpi-device`` or ``staged``; NCCL is ``nccl`` (even on one
+rank); MPI/RING are ``mpi-device`` or ``staged``; SHM is ``staged``; HIERARCHICAL
+is ``hierarchical`` (``staged`` without NCCL). Groups of a dtype NCCL lacks (int16,
+uint16) are staged.
 
 Each route is an algorithm of the registry (:mod:`hpcdist.collectives.registry`;
 ``device-copy``, ``nccl``, ``nccl-hierarchical``, ``mpi-device``, ``device-staged``
@@ -56,13 +57,20 @@ from hpcdist.collectives import choice
 from hpcdist.collectives.metadata import check_dtype, describe_arrays, signature_hash
 from hpcdist.collectives.mpi_backend import Call, Plan, drive
 from hpcdist.collectives.mpi_reduce import reduce_calls
-from hpcdist.collectives.nccl import NcclComm, nccl_available
+from hpcdist.collectives.nccl import NcclComm, nccl_available, ranks_share_gpu
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.registry import Where, pick
 from hpcdist.runtime import cuda_aware_support
-from hpcdist.runtime.device import DeviceRuntime, device_arrays, is_device_array, runtime_for
+from hpcdist.runtime.device import (
+    DeviceArrayError,
+    DeviceRuntime,
+    device_arrays,
+    is_c_contiguous,
+    is_device_array,
+    runtime_for,
+)
 
 if TYPE_CHECKING:
     from hpcdist.collectives.engine import Collectives
@@ -157,18 +165,25 @@ class DevicePath:
         self._nccl: dict[tuple[str, int], Any] = {}
         self._pinned: dict[Any, tuple[np.ndarray, Any]] = {}
         self.last_route: str | None = None
+        self._shared: bool | None = None  # two ranks on one GPU (see _shares_gpu)
 
     # -- helpers -------------------------------------------------------------------------
     def _route(self, opts: CommunicationOptions, rt: DeviceRuntime) -> str:
         asked = opts.implementation
         wants = asked in (CI.AUTO, CI.HIERARCHICAL) and self._engine.size > 1
-        nccl_ok = wants and nccl_available()[0]
+        nccl_ok = wants and not self._shares_gpu(rt) and nccl_available()[0]
         route = choose_route(asked, self._engine.size, nccl_ok, self.cuda_aware)
         if route == "hierarchical" and self._engine.topology(opts.timeout_seconds).nodes == 1:
             route = "nccl"  # one node: the node's NCCL communicator is the whole one
         self.last_route = route
         self._engine.last_device_route = route
         return route
+
+    def _shares_gpu(self, rt: DeviceRuntime) -> bool:
+        """Whether two ranks run on one GPU (NCCL refuses it): gathered once, collectively."""
+        if self._shared is None:
+            self._shared = ranks_share_gpu(self._engine.comm, rt.device_identity())
+        return self._shared
 
     def _comm(self, scope: str, device: int) -> Any:
         """The NCCL communicator of ``scope`` ("world" or "node") on GPU ``device``."""
@@ -382,6 +397,12 @@ class DevicePath:
                 raise ValueError(
                     f"out[{i}] must be a device array of shape {result.shape} and dtype "
                     f"{result.dtype}; got {type(target).__name__}"
+                )
+            if not is_c_contiguous(target):  # a flat copy would scatter it wrongly
+                raise DeviceArrayError(
+                    f"out[{i}] of shape {tuple(target.shape)} is not C-contiguous; pass a "
+                    "contiguous out array (cupy.ascontiguousarray), or no out= and copy the "
+                    "result into the view yourself"
                 )
             rt.copy(target, result, stream)
         return targets

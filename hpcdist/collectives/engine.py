@@ -78,7 +78,7 @@ import numpy as np
 
 from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's type out
 from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
-from hpcdist.collectives import choice
+from hpcdist.collectives import choice, compression
 from hpcdist.collectives.alltoall import alltoall as alltoall_arrays
 from hpcdist.collectives.arrivals import ArrivalBoard, Watch
 from hpcdist.collectives.device_path import DevicePath, has_device_arrays
@@ -105,7 +105,7 @@ from hpcdist.collectives.options import (
     get_default_timeout,
     stall_warning_seconds,
 )
-from hpcdist.collectives.options import _Default as _DefaultTimeout
+from hpcdist.collectives.options import Default as _DefaultTimeout
 from hpcdist.collectives.registry import Where, generation, pick
 from hpcdist.collectives.shm import NodeWindow, node_comm_of, shared_window
 from hpcdist.collectives.shm_backend import NodePlan, _Mismatch, check_plan, run_node_plan
@@ -195,7 +195,7 @@ _check_dtype = check_dtype  # the name the engine used before metadata.check_dty
 #: Dtypes whose NumPy arrays need no check nor conversion on the way in (native order).
 _PLAIN_DTYPES = frozenset(
     np.dtype(c) for c in "?bBhHiIlLqQefdgFDG" if np.dtype(c).isnative
-)
+) | {interop.BFLOAT16}
 _CPU = ("CPU", 0)
 
 
@@ -240,7 +240,8 @@ def _mode(options: CommunicationOptions) -> str:
 
 
 def _message_bytes(opts: CommunicationOptions) -> str:
-    return f", mpi_message_bytes={opts.mpi_message_bytes}" if opts.mpi_message_bytes else ""
+    text = f", mpi_message_bytes={opts.mpi_message_bytes}" if opts.mpi_message_bytes else ""
+    return text + (f", compression={opts.compression}" if opts.compression else "")
 
 
 def _clip(text: str) -> str:
@@ -372,8 +373,10 @@ class Collectives:
 
         ``op`` is SUM, MEAN (the sum divided by :attr:`size`: floats keep
         their dtype, integers give float64), MIN or MAX. Supported dtypes:
-        bool (MIN, MAX), signed and unsigned integers, float16/32/64 (float16
-        is summed in float32 and rounded once), complex64/128 (SUM, MEAN).
+        bool (MIN, MAX), signed and unsigned integers, bfloat16 and float16/32/64
+        (the 16-bit floats are summed in float32 and rounded once), complex64/128
+        (SUM, MEAN). ``options.compression`` sends float32 sums between nodes as
+        16-bit floats (:mod:`hpcdist.collectives.compression`).
         On a node, MIN and MAX follow NumPy (NaN wins); between nodes, the
         MPI library's comparisons.
 
@@ -398,6 +401,8 @@ class Collectives:
         if op.__class__ is not ReduceOp:
             op = ReduceOp.from_any(op)
         opts = self._merged(options)
+        if opts.splits_by_filter():  # some tensors compressed, some not: two calls
+            return compression.split_allreduce(self, tensors, op, opts, out)
         if places is not None:
             items = cast("list[np.ndarray]", tensors)  # (checked by _plain_host_arrays)
         elif has_device_arrays(tensors):

@@ -10,8 +10,10 @@ number of tensors. Layouts are built once per tensor list (shapes, dtypes,
 op, options) and cached by the engine.
 
 Booleans travel as ``uint8`` (MIN/MAX are AND/OR), complex numbers as pairs
-of floats (SUM/MEAN act on each part), ``float16`` as itself (the kernels
-accumulate it in ``float32``).
+of floats (SUM/MEAN act on each part), ``float16`` and ``bfloat16`` as themselves
+(the kernels accumulate them in ``float32`` and round once); buckets of 16-bit
+floats hold half as many elements as their bytes allow, so that their
+``float32`` partial sums fit a bucket too (the hierarchical path).
 
 Example:
     >>> import numpy as np
@@ -30,6 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hpcdist.arrays import BFLOAT16
 from hpcdist.collectives.metadata import signature_hash
 from hpcdist.collectives.ops import ReduceOp, divide_mean
 from hpcdist.kernels import address_of
@@ -96,9 +99,11 @@ def wire_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
         return dtype.newbyteorder("=")
     if kind == "f" and size in (2, 4, 8):
         return dtype.newbyteorder("=")
+    if dtype == BFLOAT16:
+        return dtype
     raise TypeError(
-        f"allreduce of {dtype} arrays is not supported; use bool, (u)int8-64, float16, "
-        "float32, float64, complex64 or complex128"
+        f"allreduce of {dtype} arrays is not supported; use bool, (u)int8-64, bfloat16, "
+        "float16, float32, float64, complex64 or complex128"
     )
 
 
@@ -121,10 +126,13 @@ def _table(pieces: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, ...]:
 
 
 def _buckets(
-    members: Sequence[tuple[int, int, int]], total: int, itemsize: int, bucket_bytes: int
+    members: Sequence[tuple[int, int, int]], total: int, itemsize: int, bucket_bytes: int,
+    step_itemsize: int = 0,
 ) -> tuple[Bucket, ...]:
-    """Cut ``[0, total)`` into buckets of at most ``bucket_bytes`` and split tensors across them."""
-    step = max(ALIGN, bucket_bytes // ALIGN * ALIGN) // itemsize if bucket_bytes > 0 else total
+    """Cut ``[0, total)`` into buckets of at most ``bucket_bytes`` and split tensors across them
+    (counting ``step_itemsize`` bytes per element, default ``itemsize``)."""
+    per = step_itemsize or itemsize
+    step = max(ALIGN, bucket_bytes // ALIGN * ALIGN) // per if bucket_bytes > 0 else total
     step = max(step, 1)
     out: list[Bucket] = []
     for lo in range(0, total, step):
@@ -169,7 +177,9 @@ def build_layout(
                 result=result_dtype(dtype, op),
                 members=tuple(members),
                 total=total,
-                buckets=_buckets(members, total, wire.itemsize, bucket_bytes),
+                buckets=_buckets(
+                    members, total, wire.itemsize, bucket_bytes, 4 if _is_half(wire) else 0
+                ),
                 whole=whole[0] if whole else Bucket(0, 0, *_table([])),
             )
         )
@@ -181,6 +191,10 @@ def build_layout(
         shapes=tuple(a.shape for a in items),
         nbytes=sum(a.nbytes for a in items),
     )
+
+
+def _is_half(dtype: np.dtype) -> bool:
+    return dtype == BFLOAT16 or dtype == np.float16
 
 
 def addresses(items: Sequence[np.ndarray]) -> np.ndarray:
@@ -197,7 +211,7 @@ def data_address(a: np.ndarray) -> int:
 
     Example: ``data_address(x) == x.ctypes.data``.
     """
-    return address_of(a.view(np.uint16) if a.dtype.char == "e" else a)
+    return address_of(a.view(np.uint16) if a.dtype.char in "eE" else a)
 
 
 def unfuse(group: Group, fused: np.ndarray, shapes: Sequence[tuple[int, ...]], out: list) -> None:

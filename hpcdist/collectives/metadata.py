@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.arrays import BFLOAT16
+
 SHOWN = 300  # characters of a signature shown in an error
 
 
@@ -123,12 +125,15 @@ def mismatch_message(operation: str, signatures: Sequence[str]) -> str:
 def check_dtype(dtype: np.dtype, operation: str, index: int | None = None) -> None:
     """Raise a clear ``TypeError`` unless ``dtype`` is one the collectives reduce and move.
 
-    Booleans, integers, floats and complex numbers pass; objects, strings and
-    structured dtypes do not. Example: ``check_dtype(np.dtype(np.float32), "allreduce")``.
+    Booleans, integers, floats (bfloat16 too) and complex numbers pass; objects,
+    strings and structured dtypes do not.
+    Example: ``check_dtype(np.dtype(np.float32), "allreduce")``.
     """
+    if dtype == BFLOAT16:
+        return
     if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
         where = "" if index is None else f" (tensor {index})"
         raise TypeError(
             f"{operation} got an array of dtype {dtype}{where}; expected a boolean, integer, "
-            "floating or complex dtype. Convert it with .astype(...) first"
+            "floating (bfloat16 included) or complex dtype. Convert it with .astype(...) first"
         )

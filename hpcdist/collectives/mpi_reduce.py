@@ -8,10 +8,15 @@ place across a communicator, in messages of at most ``bytes_per_pack``:
   commutative: ``a + b`` is ``b + a`` bit for bit);
 * other floating reductions: ``Reduce`` to rank 0 and ``Bcast`` of its bits
   (MPI does not promise equal floating results on every rank otherwise);
-* ``float16``: MPI has no half type, so the buffer is reduced in ``float32``
-  and rounded once.
+* ``float16`` and ``bfloat16``: MPI has no reduction of them; SUM and MEAN
+  run :func:`hpcdist.collectives.wire16.reduce_plan` (16 bits on the wire,
+  summed in ``float32`` in rank order, rounded once; MEAN divided by
+  ``divisor`` before the rounding), MIN and MAX reduce a ``float32`` copy
+  (exact) and narrow it back;
+* ``compression`` (``"bf16"``, ``"fp16"``): float32 SUM and MEAN take the
+  same 16-bit path, the values rounded for transport.
 
-MEAN is not divided here; the caller divides the sum.
+MEAN is otherwise not divided here; the caller divides the sum.
 
 Example:
     >>> import numpy as np
@@ -32,6 +37,8 @@ import numpy as np
 
 from hpcdist.collectives.mpi_backend import Call, Plan
 from hpcdist.collectives.ops import ReduceOp
+from hpcdist.collectives.wire16 import compression_dtype, reduce_plan
+from hpcdist.kernels.fold16 import is_half
 from hpcdist.runtime import mpi
 
 
@@ -46,17 +53,35 @@ def message_ranges(total: int, itemsize: int, message_bytes: int) -> list[tuple[
     return [(lo, min(lo + step, total)) for lo in range(0, total, max(step, 1))]
 
 
-def reduce_calls(comm: Any, buf: np.ndarray, op: ReduceOp, bytes_per_pack: int) -> Plan:
-    """The MPI calls that reduce ``buf`` (1-D, contiguous) in place with ``op`` (MEAN as SUM).
+def reduce_calls(
+    comm: Any,
+    buf: np.ndarray,
+    op: ReduceOp,
+    bytes_per_pack: int,
+    compression: str | None = None,
+    divisor: int = 0,
+) -> Plan:
+    """The MPI calls that reduce ``buf`` (1-D, contiguous) in place with ``op``.
 
-    Example: see the module docstring.
+    MEAN is summed, except for 16-bit floats with a ``divisor`` (divided before
+    the one rounding). Example: see the module docstring.
     """
     MPI = mpi()
     mpi_op = MPI.MIN if op is ReduceOp.MIN else MPI.MAX if op is ReduceOp.MAX else MPI.SUM
     size = comm.Get_size()
     if size == 1 or buf.size == 0:
+        if op is ReduceOp.MEAN and divisor > 1 and is_half(buf.dtype):
+            yield from reduce_plan(comm, buf, op, buf.dtype, buf.dtype, divisor)
         return buf
-    work = buf.astype(np.float32) if buf.dtype == np.float16 else buf
+    summed = op in (ReduceOp.SUM, ReduceOp.MEAN)
+    if summed and is_half(buf.dtype):
+        yield from reduce_plan(comm, buf, op, buf.dtype, buf.dtype, divisor)
+        return buf
+    wire = compression_dtype(compression)
+    if summed and wire is not None and buf.dtype == np.float32:
+        yield from reduce_plan(comm, buf, op, wire, wire)  # the caller divides a MEAN
+        return buf
+    work = buf.astype(np.float32) if is_half(buf.dtype) else buf
     exact = work.dtype.kind in "iub" or (size == 2 and op in (ReduceOp.SUM, ReduceOp.MEAN))
     for lo, hi in message_ranges(work.size, work.dtype.itemsize, bytes_per_pack):
         part = work[lo:hi]

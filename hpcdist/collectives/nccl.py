@@ -2,7 +2,10 @@
 
 :class:`NcclComm` is one NCCL communicator per MPI rank, built over an mpi4py
 communicator: rank 0 draws the NCCL unique id and MPI broadcasts its 128 bytes
-(buffer-mode ``Bcast`` of an int8 array). :class:`LocalNcclGroup` is NCCL among
+(buffer-mode ``Bcast``; :func:`share_unique_id`), handing every rank the id in
+the form CuPy gave it: ``bytes`` since CuPy 14, a tuple of ints in CuPy 13.
+Before that, the ranks check (one ``Allgather``) that no two of them run on one
+GPU, which NCCL refuses. :class:`LocalNcclGroup` is NCCL among
 several GPUs of one process (``MirroredStrategy``), its calls issued between
 ``groupStart()`` and ``groupEnd()``.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -29,10 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.arrays import BFLOAT16
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.errors import NcclCallError, NcclUnavailableError
 from hpcdist.runtime.device import (
     DeviceArrayError,
+    device_identity,
     is_c_contiguous,
     is_device_array,
     runtime_for,
@@ -51,6 +57,7 @@ NCCL_DTYPE_NAMES: dict[np.dtype, str] = {
     np.dtype(np.float16): "NCCL_FLOAT16",
     np.dtype(np.float32): "NCCL_FLOAT32",
     np.dtype(np.float64): "NCCL_FLOAT64",
+    BFLOAT16: "NCCL_BFLOAT16",  # ncclBfloat16 (NCCL >= 2.10), in cupy.cuda.nccl
 }
 
 #: ReduceOp -> name of the provider's NCCL reduction constant (MEAN has none: sum, then divide).
@@ -81,7 +88,10 @@ def _find_real() -> tuple[Any | None, str]:
     try:
         import cupy  # lazy: optional GPU dependency
     except ImportError as exc:
-        return None, f"CuPy is not installed ({exc}); install e.g. cupy-cuda12x"
+        return None, (
+            f"CuPy is not installed ({exc}); pip install 'hpcdist[gpu]' (cupy-cuda13x, "
+            "nvidia-nccl-cu13; 'hpcdist[gpu-cuda12]' with cupy-cuda12x for CUDA 12 drivers)"
+        )
     except Exception as exc:
         return None, f"CuPy failed to import ({type(exc).__name__}: {exc})"
     try:
@@ -91,7 +101,7 @@ def _find_real() -> tuple[Any | None, str]:
     if not getattr(nccl, "available", False):
         return None, (
             f"CuPy {getattr(cupy, '__version__', '?')} has no NCCL (cupy.cuda.nccl.available is "
-            "False); install NCCL, e.g. pip install nvidia-nccl-cu12"
+            "False); pip install nvidia-nccl-cu13 (nvidia-nccl-cu12 with cupy-cuda12x)"
         )
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
@@ -224,6 +234,96 @@ def _same(a: tuple[int, int, np.dtype], b: tuple[int, int, np.dtype], count: int
                          f"({names[0]} has {a[1]})")
 
 
+# ---- the unique id: what get_unique_id returns, carried byte for byte over MPI ----
+_ID_BYTES, _ID_TUPLE = 1, 2  # the form of the id (first byte of the broadcast buffer)
+
+
+def encode_unique_id(uid: Any) -> np.ndarray:
+    """The id as ``1 + 128`` bytes: its form (bytes: CuPy >= 14; tuple of ints: CuPy 13),
+    then the 128 bytes themselves. Raises ``TypeError``/``ValueError`` for anything else.
+
+    Example: ``encode_unique_id(bytes(128))[0] == 1``.
+    """
+    if isinstance(uid, bytes):
+        form, raw = _ID_BYTES, np.frombuffer(uid, np.uint8)
+    elif isinstance(uid, tuple) and all(isinstance(v, int | np.integer) for v in uid):
+        values = np.asarray(uid, np.int64)
+        if values.size and (values.min() < -128 or values.max() > 255):
+            raise ValueError("an NCCL unique id tuple holds byte values (-128..255)")
+        form, raw = _ID_TUPLE, values.astype(np.uint8)  # (two's complement of the signed ones)
+    else:
+        raise TypeError(
+            f"an NCCL unique id is bytes (CuPy >= 14) or a tuple of ints (CuPy 13); "
+            f"got {type(uid).__name__}"
+        )
+    if raw.size != UNIQUE_ID_BYTES:
+        raise ValueError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes; got {raw.size}")
+    return np.concatenate([np.array([form], np.uint8), raw])
+
+
+def decode_unique_id(buf: np.ndarray) -> bytes | tuple[int, ...]:
+    """The inverse of :func:`encode_unique_id`: the id in the form the provider gave it.
+
+    Example: ``decode_unique_id(encode_unique_id(uid)) == uid``.
+    """
+    raw = np.ascontiguousarray(buf[1:], np.uint8)
+    if int(buf[0]) == _ID_BYTES:
+        return raw.tobytes()
+    if int(buf[0]) == _ID_TUPLE:
+        return tuple(int(v) for v in raw.view(np.int8))
+    raise ValueError(f"an encoded NCCL unique id starts with 1 or 2; got {int(buf[0])}")
+
+
+def share_unique_id(mpi_comm: Any, uid: Any) -> bytes | tuple[int, ...]:
+    """Collective: rank 0's ``uid`` (what ``get_unique_id()`` returned) on every rank.
+
+    One buffer-mode ``Bcast`` of its 128 bytes (and a byte saying its form), so every
+    rank hands ``NcclCommunicator`` exactly what rank 0 drew: ``bytes`` with CuPy >= 14,
+    a tuple of ints with CuPy 13. Other ranks pass ``None``.
+    Example: ``uid = share_unique_id(comm, nccl.get_unique_id() if rank == 0 else None)``.
+    """
+    if mpi_comm.Get_rank() == 0:
+        buf = encode_unique_id(uid)
+    else:
+        buf = np.zeros(1 + UNIQUE_ID_BYTES, np.uint8)
+    mpi_comm.Bcast(buf, root=0)
+    return decode_unique_id(buf)
+
+
+# ---- whether two ranks would put one GPU in a communicator twice ----
+_DIGEST_BYTES = 16
+
+
+def _digest(identity: str | None, rank: int) -> np.ndarray:
+    """16 bytes naming a GPU; an unknown GPU gets one no other rank can have."""
+    text = f"gpu:{identity}" if identity is not None else f"unknown:{rank}"
+    return np.frombuffer(hashlib.blake2b(text.encode(), digest_size=_DIGEST_BYTES).digest(),
+                         np.uint8)
+
+
+def _sharing(digests: np.ndarray) -> list[int]:
+    """The ranks whose GPU another rank also has (rows of equal digests)."""
+    seen: dict[bytes, list[int]] = {}
+    for r, row in enumerate(digests):
+        seen.setdefault(row.tobytes(), []).append(r)
+    return sorted(r for ranks in seen.values() if len(ranks) > 1 for r in ranks)
+
+
+def ranks_share_gpu(mpi_comm: Any, identity: str | None) -> bool:
+    """Collective: whether two ranks of ``mpi_comm`` run on one GPU (one ``Allgather``).
+
+    ``identity`` names this rank's GPU (its UUID: :func:`device_identity`); ``None``
+    (unknown) never matches. NCCL refuses such a communicator, so AUTO stages instead.
+    Example: ``ranks_share_gpu(comm, device_identity(0))`` is True for two ranks on GPU 0.
+    """
+    size = mpi_comm.Get_size()
+    if size == 1:
+        return False
+    table = np.zeros((size, _DIGEST_BYTES), np.uint8)
+    mpi_comm.Allgather(_digest(identity, mpi_comm.Get_rank()), table)
+    return bool(_sharing(table))
+
+
 class NcclComm:
     """An NCCL communicator of this rank over the ranks of an mpi4py communicator.
 
@@ -245,33 +345,47 @@ class NcclComm:
     def create(cls, mpi_comm: Any, device: int) -> NcclComm:
         """Collective over ``mpi_comm``: an NCCL communicator of its ranks, this one on ``device``.
 
-        Every rank learns whether all ranks can use NCCL before any waits in NCCL.
+        Every rank learns whether all ranks can use NCCL, and whether two of them
+        would share one GPU (NCCL refuses that), before any waits in NCCL.
         Example: ``nc = NcclComm.create(MPI.COMM_WORLD, local_rank)``.
         """
         device = operator.index(device)
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         provider: Any = None
         error: Exception | None = None
-        uid = np.zeros(UNIQUE_ID_BYTES, np.int8)
+        uid: Any = None
+        identity: str | None = None
         try:
             provider = nccl_provider()
+            if _injected is None or provider is not _injected:
+                identity = device_identity(device)
             if rank == 0:
-                uid[:] = np.asarray(provider.get_unique_id(), dtype=np.int64)
+                uid = provider.get_unique_id()
+                encode_unique_id(uid)  # refuse a malformed id before anyone waits on it
         except Exception as exc:
             error = exc
-        ok = np.zeros(size, np.int8)
-        mpi_comm.Allgather(np.array([error is None], np.int8), ok)
+        mine = np.zeros(1 + _DIGEST_BYTES, np.uint8)
+        mine[0] = error is None
+        mine[1:] = _digest(identity, rank)
+        table = np.zeros((size, 1 + _DIGEST_BYTES), np.uint8)
+        mpi_comm.Allgather(mine, table)
         if error is not None:
             if isinstance(error, NcclUnavailableError):
                 raise error
             raise NcclCallError(
                 f"NCCL get_unique_id failed on rank {rank} of {size}: {error}"
             ) from error
-        if not ok.all():
-            bad = [int(r) for r in np.flatnonzero(ok == 0)]
+        if not table[:, 0].all():
+            bad = [int(r) for r in np.flatnonzero(table[:, 0] == 0)]
             raise _unavailable(f"rank(s) {bad} of {size} cannot use NCCL (see their errors)")
-        mpi_comm.Bcast(uid, root=0)
-        unique_id = tuple(int(v) for v in uid)
+        shared = _sharing(table[:, 1:])
+        if shared:
+            raise _unavailable(
+                f"ranks {shared} run on one GPU and NCCL refuses a communicator with the same "
+                "GPU twice ('Duplicate GPU detected'); give each rank its own GPU (bind GPUs "
+                "per local rank), or let AUTO stage through host memory"
+            )
+        unique_id = share_unique_id(mpi_comm, uid)
         token = CREATING_OVER.set(mpi_comm)
         try:
             with _on_device(provider, device):
@@ -504,6 +618,10 @@ __all__ = [
     "NcclComm",
     "NcclUnavailableError",
     "nccl_available",
+    "decode_unique_id",
+    "encode_unique_id",
     "nccl_provider",
+    "ranks_share_gpu",
     "set_nccl_provider",
+    "share_unique_id",
 ]

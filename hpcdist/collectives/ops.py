@@ -19,7 +19,9 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from hpcdist.arrays import array_module, asarray
+import numpy as np
+
+from hpcdist.arrays import BFLOAT16, array_module, asarray
 
 
 class ReduceOp(enum.Enum):
@@ -76,7 +78,7 @@ def divide_mean(total: Any, count: int) -> Any:
     Example: ``divide_mean(np.array([3, 7]), 2)`` is ``array([1.5, 3.5])``.
     """
     xp = array_module(total)
-    if xp.issubdtype(total.dtype, xp.inexact):
+    if xp.issubdtype(total.dtype, xp.inexact) or total.dtype == BFLOAT16:
         return (total / xp.asarray(count, dtype=total.dtype)).astype(total.dtype, copy=False)
     return xp.true_divide(total, count)
 
@@ -98,6 +100,10 @@ def reduce_arrays(arrays: Sequence[Any], op: ReduceOp | str, count: int | None =
     if out.dtype == xp.bool_ and op in (ReduceOp.SUM, ReduceOp.MEAN):
         raise TypeError(f"{op.name} of boolean values is not defined; cast to a number first")
     combine = {ReduceOp.MIN: xp.minimum, ReduceOp.MAX: xp.maximum}.get(op, xp.add)
+    if out.dtype == BFLOAT16 and op in (ReduceOp.SUM, ReduceOp.MEAN):
+        # bfloat16: accumulate in float32 (divide there), round once
+        total = reduce_arrays([a.astype(np.float32) for a in items], op, count)
+        return total.astype(BFLOAT16)
     for other in items[1:]:
         if other.shape != out.shape:
             raise ValueError(

@@ -2,7 +2,8 @@
 
 :class:`CommunicationOptions` follows ``tf.distribute.experimental.CommunicationOptions``:
 ``bytes_per_pack`` (the fusion bucket size), ``timeout_seconds`` and
-``implementation``; hpcdist adds ``mpi_message_bytes`` (the longest MPI message). Options given
+``implementation``; hpcdist adds ``mpi_message_bytes`` (the longest MPI message) and
+``compression`` (float32 values sent between nodes as bfloat16 or float16). Options given
 to one call are merged over the options of the strategy (or engine): a field
 the call sets to a non-default value wins. When neither sets a timeout, the
 process-wide default applies: :func:`set_default_timeout`, else the
@@ -22,7 +23,7 @@ from __future__ import annotations
 import enum
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from numbers import Real
 from typing import Any, cast
 
@@ -33,6 +34,20 @@ TIMEOUT_VAR = "HPCDIST_TIMEOUT_SECONDS"
 #: Environment variable: warn after a collective waited this many seconds (0: never).
 STALL_VAR = "HPCDIST_STALL_WARNING_SECONDS"
 _OFF = ("", "0", "none", "off")
+#: The values of ``CommunicationOptions.compression``.
+COMPRESSIONS = ("bf16", "fp16")
+_COMPRESSION_NAMES = {
+    "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "none": "none",
+    "off": "none",
+}
+
+
+def COMPRESS_ALL(tensor: Any) -> bool:
+    """The compression filter that compresses every tensor (what ``None`` means).
+
+    Example: ``COMPRESS_ALL(np.ones(2))`` is ``True``.
+    """
+    return True
 
 
 class CommunicationImplementation(enum.Enum):
@@ -95,6 +110,27 @@ def _check_bytes_per_pack(value: Any, name: str = "bytes_per_pack") -> int:
     return int(value)
 
 
+def _check_compression(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in _COMPRESSION_NAMES:
+        return _COMPRESSION_NAMES[value.strip().lower()]
+    raise ValueError(
+        f"compression is {value!r}; expected None, 'bf16' (bfloat16 on the wire), 'fp16' "
+        "(float16 on the wire) or 'none' (off, also where the strategy's options set one)"
+    )
+
+
+def _check_filter(value: Any) -> Callable[[Any], bool] | None:
+    if value is None or callable(value):
+        return value
+    raise TypeError(
+        f"compression_filter is {value!r}; expected None or a function (array) -> bool that "
+        "says which tensors to compress (e.g. lambda a: a.ndim > 1 keeps biases and norms "
+        "in float32)"
+    )
+
+
 def _check_timeout(value: Any) -> float | int | None:
     if value is None:
         return None
@@ -126,6 +162,18 @@ class CommunicationOptions:
             not: with one the engine uses MPI's nonblocking calls, which do not
             match blocking ones.
         implementation: a :class:`CommunicationImplementation` or its name.
+        compression: ``None``, ``"bf16"`` or ``"fp16"``: float32 SUM and MEAN
+            reductions send their values between nodes (over MPI) as bfloat16
+            or float16, half the bytes, and accumulate them in float32 in rank
+            order (:mod:`hpcdist.collectives.wire16`); results are the rounded
+            sums, widened back to float32, the same bits on every rank. Within
+            a node the shared window reduces in float32 (nothing is on a wire).
+            An hpcdist addition, like Horovod's ``Compression.fp16``.
+            ``"none"`` turns compression off for a call whose strategy sets it.
+        compression_filter: ``None`` (compress every float32 tensor) or a
+            function of a tensor returning whether to compress it (the others
+            are reduced in float32 in a second fused call), e.g.
+            ``lambda a: a.ndim > 1`` keeps biases and norms exact.
 
     Options are immutable, comparable and hashable.
 
@@ -136,7 +184,8 @@ class CommunicationOptions:
     """
 
     __slots__ = (
-        "_bytes_per_pack", "_timeout_seconds", "_implementation", "_mpi_message_bytes", "_hash"
+        "_bytes_per_pack", "_timeout_seconds", "_implementation", "_mpi_message_bytes",
+        "_compression", "_compression_filter", "_hash",
     )
 
     def __init__(
@@ -145,8 +194,12 @@ class CommunicationOptions:
         timeout_seconds: float | None = None,
         implementation: CommunicationImplementation | str = CommunicationImplementation.AUTO,
         mpi_message_bytes: int = 0,
+        compression: str | None = None,
+        compression_filter: Callable[[Any], bool] | None = None,
     ) -> None:
         self._bytes_per_pack = _check_bytes_per_pack(bytes_per_pack)
+        self._compression = _check_compression(compression)
+        self._compression_filter = _check_filter(compression_filter)
         self._mpi_message_bytes = _check_bytes_per_pack(mpi_message_bytes, "mpi_message_bytes")
         self._timeout_seconds = _check_timeout(timeout_seconds)
         self._implementation = CommunicationImplementation.from_any(implementation)
@@ -171,6 +224,35 @@ class CommunicationOptions:
     def implementation(self) -> CommunicationImplementation:
         """The transport asked for."""
         return self._implementation
+
+    @property
+    def compression(self) -> str | None:
+        """``"bf16"``, ``"fp16"`` or ``None``: how float32 values travel between nodes."""
+        return None if self._compression == "none" else self._compression
+
+    def splits_by_filter(self) -> bool:
+        """Whether a reduction with these options is split by :attr:`compression_filter`.
+
+        Example: ``CommunicationOptions(compression="bf16").splits_by_filter()`` is ``False``.
+        """
+        f = self._compression_filter
+        return self.compression is not None and f is not None and f is not COMPRESS_ALL
+
+    @property
+    def compression_filter(self) -> Callable[[Any], bool] | None:
+        """Which tensors to compress (``None``: every float32 one)."""
+        return self._compression_filter
+
+    def without_filter(self, compressed: bool) -> CommunicationOptions:
+        """These options with no filter, compressing (``compressed``) or not.
+
+        Example: ``opts.without_filter(False).compression is None``.
+        """
+        return CommunicationOptions(
+            self._bytes_per_pack, self._timeout_seconds, self._implementation,
+            self._mpi_message_bytes, self._compression if compressed else "none",
+            COMPRESS_ALL if compressed else None,
+        )
 
     def merge(self, other: CommunicationOptions | None) -> CommunicationOptions:
         """New options: the fields ``other`` sets to non-default values win.
@@ -209,6 +291,14 @@ class CommunicationOptions:
                 if other.mpi_message_bytes != default.mpi_message_bytes
                 else self.mpi_message_bytes
             ),
+            compression=(
+                other._compression if other._compression is not None else self._compression
+            ),
+            compression_filter=(
+                other.compression_filter
+                if other.compression_filter is not None
+                else self.compression_filter
+            ),
         )
 
     def with_timeout(self, timeout_seconds: float | None) -> CommunicationOptions:
@@ -217,13 +307,14 @@ class CommunicationOptions:
         Example: ``CommunicationOptions(bytes_per_pack=64).with_timeout(5).timeout_seconds == 5``.
         """
         return CommunicationOptions(
-            self._bytes_per_pack, timeout_seconds, self._implementation, self._mpi_message_bytes
+            self._bytes_per_pack, timeout_seconds, self._implementation, self._mpi_message_bytes,
+            self._compression, self._compression_filter,
         )
 
-    def _key(self) -> tuple[int, float | None, CommunicationImplementation, int]:
+    def _key(self) -> tuple[Any, ...]:
         return (
             self._bytes_per_pack, self._timeout_seconds, self._implementation,
-            self._mpi_message_bytes,
+            self._mpi_message_bytes, self._compression, self._compression_filter,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -238,6 +329,10 @@ class CommunicationOptions:
         extra = (
             f", mpi_message_bytes={self._mpi_message_bytes}" if self._mpi_message_bytes else ""
         )
+        if self._compression is not None:
+            extra += f", compression={self._compression!r}"
+        if self._compression_filter is not None:
+            extra += f", compression_filter={self._compression_filter!r}"
         return (
             f"CommunicationOptions(bytes_per_pack={self._bytes_per_pack}, "
             f"timeout_seconds={self._timeout_seconds}, "
@@ -299,7 +394,7 @@ def stall_warning_seconds(
     return _seconds_from(STALL_VAR, text)
 
 
-class _Default:
+class Default:
     """The process-wide default timeout; ``generation`` changes whenever it does."""
 
     unset = True  # not set yet: read HPCDIST_TIMEOUT_SECONDS on first use
@@ -321,8 +416,8 @@ def set_default_timeout(seconds: float | None) -> None:
         >>> set_default_timeout(before)
     """
     value = _check_timeout(seconds)
-    _Default.timeout, _Default.unset = value, False
-    _Default.generation += 1
+    Default.timeout, Default.unset = value, False
+    Default.generation += 1
 
 
 def get_default_timeout() -> float | None:
@@ -334,7 +429,7 @@ def get_default_timeout() -> float | None:
         >>> get_default_timeout() is None or get_default_timeout() > 0
         True
     """
-    if _Default.unset:
-        _Default.timeout, _Default.unset = timeout_from_env(), False
-        _Default.generation += 1
-    return _Default.timeout
+    if Default.unset:
+        Default.timeout, Default.unset = timeout_from_env(), False
+        Default.generation += 1
+    return Default.timeout

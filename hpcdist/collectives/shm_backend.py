@@ -11,7 +11,9 @@ Per bucket of a fused group, on the window's next set ``s``:
    area (reduce-scatter), barrier, then every rank copies the result out;
 4. ``hierarchical``: after the reduce-scatter, the node's leader reduces the
    node's sums with the other leaders over MPI in place, and a third barrier
-   releases the node.
+   releases the node. 16-bit floats (SUM, MEAN) keep the node sums in
+   float32 and the leaders round once (:mod:`hpcdist.collectives.wire16`);
+   with ``compression`` float32 node sums travel as 16-bit floats.
 
 Every element is summed in one place in rank order, so all ranks receive
 the same bits, run after run. Sets alternate between buckets: a rank can
@@ -45,8 +47,10 @@ from hpcdist.collectives.mpi_backend import (
 from hpcdist.collectives.mpi_reduce import reduce_calls
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.shm import ALIGN, NodeWindow
+from hpcdist.collectives.wire16 import compression_dtype, reduce_plan
 from hpcdist.errors import CollectiveStallWarning, CollectiveTimeoutError
 from hpcdist.kernels import pack_pieces, reduce_slots
+from hpcdist.kernels.fold16 import fold_rows16, is_half
 
 #: Checked mode: a node barrier spins (yielding the CPU) this long before it sleeps.
 YIELDING_S = 100e-6
@@ -256,7 +260,7 @@ def _chunk(m: int, n: int, itemsize: int) -> int:
 def kernel_op(op: ReduceOp, wire: np.dtype, hierarchical: bool) -> int:
     """The kernel op code (``fusion.OP_CODES``): MEAN sums first for integers (divided
     by the engine) and for the hierarchical path (divided once, after the leaders' sum)."""
-    if op is ReduceOp.MEAN and (hierarchical or wire.kind != "f"):
+    if op is ReduceOp.MEAN and (hierarchical or not (wire.kind == "f" or is_half(wire))):
         return OP_CODES[ReduceOp.SUM]
     return OP_CODES[op]
 
@@ -271,6 +275,7 @@ def allreduce_plan(
     first_step: MpiStep | None = None,
     pool: BufferPool | None = None,
     digest: int | None = None,
+    compression: str | None = None,
 ) -> NodePlan:
     """The node plan reducing ``items`` (C-contiguous host arrays) across the node.
 
@@ -280,7 +285,9 @@ def allreduce_plan(
     divides MEAN sums. Raises :class:`_Mismatch` on every rank of the node
     when their digests differ. ``first_step`` (the MPI agreement check
     between nodes) runs before anything else. ``digest`` (default: the
-    layout's) is what the node barriers compare. Example: see the module docstring.
+    layout's) is what the node barriers compare. ``compression``: the
+    leaders' transport of float32 sums (``CommunicationOptions.compression``).
+    Example: see the module docstring.
     """
     if first_step is not None:
         yield first_step
@@ -296,6 +303,8 @@ def allreduce_plan(
             fused = pool.take((layout.digest, index), group.total, group.wire)
         wire = group.wire
         code = kernel_op(layout.op, wire, hierarchical)
+        summed = layout.op in (ReduceOp.SUM, ReduceOp.MEAN)
+        wide = hierarchical and summed and is_half(wire)  # float32 node sums, one rounding
         for bucket in group.buckets:
             which = window.next_set()
             if bucket.tensor.size:
@@ -315,15 +324,27 @@ def allreduce_plan(
             result = window.result(which, wire)
             step = _chunk(m, n, wire.itemsize)
             lo, hi = me * step, min(m, (me + 1) * step)
-            if lo < hi:
+            if wide:  # the bucket's float32 sums fit the area (fusion counts 4 bytes each)
+                sums = window.result(which, np.float32)
+                if lo < hi:
+                    fold_rows16(typed[:, lo:hi], sums[lo:hi], code, 1)
+            elif lo < hi:
                 reduce_slots(typed, lo, hi, result, lo, code, divisor)
             yield digest
             if hierarchical:
-                if leaders is not None:
-                    yield MpiStep(leaders, reduce_calls(leaders, result[:m], layout.op, 0))
+                if leaders is not None and wide:
+                    send = compression_dtype(compression) or np.dtype(np.float32)
+                    mean = divisor if layout.op is ReduceOp.MEAN else 0
+                    yield MpiStep(leaders, reduce_plan(
+                        leaders, sums[:m], layout.op, send, wire, mean, out=result[:m]
+                    ))
+                elif leaders is not None:
+                    yield MpiStep(leaders, reduce_calls(
+                        leaders, result[:m], layout.op, 0, compression
+                    ))
                 yield digest
             np.copyto(fused[bucket.lo : bucket.hi], result[:m])
-        if hierarchical and layout.op is ReduceOp.MEAN and wire.kind == "f":
+        if hierarchical and layout.op is ReduceOp.MEAN and wire.kind == "f" and not wide:
             np.divide(fused, np.asarray(divisor, dtype=wire), out=fused)
         out.append(fused)
     return out

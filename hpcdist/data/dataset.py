@@ -60,7 +60,7 @@ from numpy.typing import DTypeLike
 
 from hpcdist.arrays import is_cupy
 from hpcdist.data.options import Options
-from hpcdist.data.shuffle import _EpochCounter
+from hpcdist.data.shuffle import EpochCounter
 from hpcdist.data.sources import (
     Hdf5Reader,
     NpyReader,
@@ -68,7 +68,7 @@ from hpcdist.data.sources import (
     check_paths,
     glob_files,
 )
-from hpcdist.data.structure import TensorSpec, _map_structure
+from hpcdist.data.structure import TensorSpec, map_structure
 from hpcdist.errors import NotRegisteredError
 
 if TYPE_CHECKING:  # the node classes, for annotations (at run time: _node and __getattr__)
@@ -82,10 +82,10 @@ if TYPE_CHECKING:  # the node classes, for annotations (at run time: _node and _
     from hpcdist.data.source_nodes import (
         FileListDataset,
         GeneratorDataset,
+        IndexedSource,
         RangeDataset,
         TensorDataset,
         TensorSliceDataset,
-        _IndexedSource,
     )
     from hpcdist.data.transform_nodes import (
         BatchDataset,
@@ -112,7 +112,7 @@ _JOIN_TIMEOUT_S = 10.0  # how long closing a prefetch iterator waits for its thr
 
 
 # -- the node registry ---------------------------------------------------------------------
-# The nodes (source_nodes, transform_nodes, passthrough_nodes) subclass Dataset, so this
+# The node modules (the module docstring's Layout lists them) subclass Dataset, so this
 # module cannot import them; each registers itself with @register_node when its module is
 # imported (hpcdist.data imports them all), and Dataset's methods build nodes by name.
 _Node = TypeVar("_Node", bound="Dataset")
@@ -164,7 +164,7 @@ class Dataset:
         [[0, 1], [2, 3]]
     """
 
-    _epochs: _EpochCounter  # on the nodes that draw a new order each iteration
+    _epochs: EpochCounter  # on the nodes that draw a new order each iteration
 
     #: Whether producing this node's elements may wait outside the GIL (on I/O, threads or
     #: processes), so that a reading-ahead thread has a wait to fill (see
@@ -213,13 +213,13 @@ class Dataset:
     def _detached(self) -> Dataset:
         """A copy of the whole chain with fresh iteration counters (for peeking at elements)."""
         new = copy.copy(self)
-        if isinstance(getattr(new, "_epochs", None), _EpochCounter):
-            new._epochs = _EpochCounter()
+        if isinstance(getattr(new, "_epochs", None), EpochCounter):
+            new._epochs = EpochCounter()
         if self._input is not None:
             new._input = self._input._detached()
         return new
 
-    def _index_source(self) -> _IndexedSource | None:
+    def _index_source(self) -> IndexedSource | None:
         """The source whose rows the index stream of this node addresses (None: no fast path)."""
         return None
 
@@ -561,16 +561,16 @@ class Dataset:
             [np.int64(1), np.int64(2)]
         """
         for element in self._iter():
-            yield _map_structure(lambda v: v.get() if is_cupy(v) else v, element)
+            yield map_structure(lambda v: v.get() if is_cupy(v) else v, element)
 
 
-def _counters(dataset: Any) -> list[_EpochCounter]:
+def _counters(dataset: Any) -> list[EpochCounter]:
     """The iteration counters of ``dataset``'s chain, from the last node to the source."""
-    found: list[_EpochCounter] = []
+    found: list[EpochCounter] = []
     node = dataset
     while isinstance(node, Dataset):
         counter = getattr(node, "_epochs", None)
-        if isinstance(counter, _EpochCounter) and all(c is not counter for c in found):
+        if isinstance(counter, EpochCounter) and all(c is not counter for c in found):
             found.append(counter)
         node = node._input
     return found

@@ -592,6 +592,11 @@ class DistributedDataset:
         """The sharding in effect (FILE, DATA or OFF); ``None`` for ``dataset_fn`` input."""
         return self._auto_shard_policy
 
+    @property
+    def sources(self) -> list[Any]:
+        """The input pipelines whose iteration counters a checkpoint keeps."""
+        return self._sources
+
     def __repr__(self) -> str:
         lay = self._layout
         return (

@@ -22,8 +22,8 @@ import numpy as np
 import hpcdist.data.dataset as _ds
 from hpcdist.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset, register_node
 from hpcdist.data.options import Options
-from hpcdist.data.source_nodes import _IndexedSource
-from hpcdist.data.structure import _check_int
+from hpcdist.data.source_nodes import IndexedSource
+from hpcdist.data.structure import check_int
 
 log = logging.getLogger("hpcdist.data")
 
@@ -47,7 +47,7 @@ class RepeatDataset(Dataset):
         self.count = (
             -1
             if count is None
-            else _check_int(
+            else check_int(
                 count, "repeat", "count", -1, "count >= 0, or -1/None to repeat forever"
             )
         )
@@ -65,7 +65,7 @@ class RepeatDataset(Dataset):
             if not produced:
                 return
 
-    def _index_source(self) -> _IndexedSource | None:
+    def _index_source(self) -> IndexedSource | None:
         return self._input._index_source()
 
     def _index_stream(self) -> Iterator[range | np.ndarray]:
@@ -103,7 +103,7 @@ class TakeDataset(Dataset):
 
     def __init__(self, input: Dataset, count: int) -> None:
         super().__init__(input)
-        self.count = _check_int(count, "take", "count", -1, "count >= 0, or -1 for all")
+        self.count = check_int(count, "take", "count", -1, "count >= 0, or -1 for all")
 
     def _iter(self) -> Generator[Any, None, None]:
         if self.count == 0:
@@ -117,7 +117,7 @@ class TakeDataset(Dataset):
                 if i >= self.count:
                     return
 
-    def _index_source(self) -> _IndexedSource | None:
+    def _index_source(self) -> IndexedSource | None:
         return self._input._index_source()
 
     def _index_stream(self) -> Iterator[range | np.ndarray]:
@@ -160,7 +160,7 @@ class SkipDataset(Dataset):
 
     def __init__(self, input: Dataset, count: int) -> None:
         super().__init__(input)
-        self.count = _check_int(count, "skip", "count", -1, "count >= 0, or -1 to skip all")
+        self.count = check_int(count, "skip", "count", -1, "count >= 0, or -1 to skip all")
 
     def _iter(self) -> Generator[Any, None, None]:
         with closing(self._input._iter()) as it:
@@ -172,7 +172,7 @@ class SkipDataset(Dataset):
                 pass
             yield from it
 
-    def _index_source(self) -> _IndexedSource | None:
+    def _index_source(self) -> IndexedSource | None:
         return self._input._index_source()
 
     def _index_stream(self) -> Iterator[range | np.ndarray]:
@@ -211,7 +211,7 @@ class ShardDataset(Dataset):
 
     def __init__(self, input: Dataset, num_shards: int, index: int) -> None:
         super().__init__(input)
-        self.num_shards = _check_int(
+        self.num_shards = check_int(
             num_shards, "shard", "num_shards", 1, "num_shards >= 1 (the number of shards)"
         )
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
@@ -230,7 +230,7 @@ class ShardDataset(Dataset):
                 if i % n == k:
                     yield element
 
-    def _index_source(self) -> _IndexedSource | None:
+    def _index_source(self) -> IndexedSource | None:
         return self._input._index_source()
 
     def _index_stream(self) -> Iterator[range | np.ndarray]:
@@ -269,7 +269,7 @@ class PrefetchDataset(Dataset):
 
     def __init__(self, input: Dataset, buffer_size: int) -> None:
         super().__init__(input)
-        self.buffer_size = _check_int(
+        self.buffer_size = check_int(
             buffer_size, "prefetch", "buffer_size", -1, "buffer_size >= 0 or AUTOTUNE (-1)"
         )
 
@@ -366,7 +366,7 @@ class _OptionsDataset(Dataset):
         with closing(self._input._iter()) as it:
             yield from it
 
-    def _index_source(self) -> _IndexedSource | None:
+    def _index_source(self) -> IndexedSource | None:
         return self._input._index_source()
 
     def _index_stream(self) -> Iterator[range | np.ndarray]:

@@ -1,11 +1,11 @@
 """Seeded randomness and index streams: epoch generators, rechunking, the vectorised shuffle.
 
 The fast paths compute the element order over integer row indices, carried as
-blocks (``range`` or int64 arrays). ``_shuffle_indices`` is TF's buffer shuffle
+blocks (``range`` or int64 arrays). ``shuffle_indices`` is TF's buffer shuffle
 over such a stream; it gives exactly the order documented in
 ``hpcdist.data.dataset`` (and produced element by element by
 ``ShuffleDataset._iter_buffered``). Example:
-``list(_rechunk([range(5)], 2, False, len, lambda b, s, e: b[s:e], _join_indices))``
+``list(rechunk([range(5)], 2, False, len, lambda b, s, e: b[s:e], join_indices))``
 gives ``[range(0, 2), range(2, 4), range(4, 5)]``.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 
-class _EpochCounter:
+class EpochCounter:
     """How many iterations a node has started (shared by the copies ``_with_input`` makes)."""
 
     def __init__(self) -> None:
@@ -42,7 +42,7 @@ class _EpochCounter:
             self._count = n
 
 
-def _epoch_rng(seed: int | None, reshuffle: bool, counter: _EpochCounter) -> np.random.Generator:
+def epoch_rng(seed: int | None, reshuffle: bool, counter: EpochCounter) -> np.random.Generator:
     """The generator of one iteration (see the module docstring for the rule)."""
     epoch = counter.next()
     if seed is None:
@@ -52,11 +52,11 @@ def _epoch_rng(seed: int | None, reshuffle: bool, counter: _EpochCounter) -> np.
     return np.random.default_rng((seed, epoch))
 
 
-def _fixed_random_seed() -> int:
+def fixed_random_seed() -> int:
     return int(np.random.SeedSequence().generate_state(1, np.uint32)[0])
 
 
-def _rechunk(
+def rechunk(
     blocks: Iterable[Any],
     size: int,
     drop_remainder: bool,
@@ -88,16 +88,16 @@ def _rechunk(
         yield join(pending)
 
 
-def _index_array(block: range | np.ndarray) -> np.ndarray:
+def index_array(block: range | np.ndarray) -> np.ndarray:
     if isinstance(block, range):
         return np.arange(block.start, block.stop, block.step, dtype=np.int64)
     return block
 
 
-def _join_indices(pieces: list[range | np.ndarray]) -> range | np.ndarray:
+def join_indices(pieces: list[range | np.ndarray]) -> range | np.ndarray:
     if len(pieces) == 1:
         return pieces[0]
-    return np.concatenate([_index_array(p) for p in pieces])
+    return np.concatenate([index_array(p) for p in pieces])
 
 
 class _BlockReader:
@@ -124,10 +124,10 @@ class _BlockReader:
             pieces.append(piece)
         if not pieces:
             return range(0)
-        return _join_indices(pieces)
+        return join_indices(pieces)
 
 
-def _shuffle_indices(
+def shuffle_indices(
     blocks: Iterator[range | np.ndarray],
     buffer_size: int,
     rng: np.random.Generator,
@@ -149,9 +149,9 @@ def _shuffle_indices(
             else:
                 yield first[perm]
         return
-    slots = np.array(_index_array(first), dtype=np.int64)  # slot -> index held there
+    slots = np.array(index_array(first), dtype=np.int64)  # slot -> index held there
     while True:
-        new = _index_array(reader.read(chunk))
+        new = index_array(reader.read(chunk))
         c = len(new)
         if c == 0:
             break

@@ -17,27 +17,27 @@ from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, is_cupy
 from hpcdist.data.dataset import Dataset, register_node
-from hpcdist.data.shuffle import _epoch_rng, _EpochCounter, _index_array
+from hpcdist.data.shuffle import EpochCounter, epoch_rng, index_array
 from hpcdist.data.sources import to_path
 from hpcdist.data.structure import (
     TensorSpec,
-    _check_int,
-    _check_seed,
-    _flatten,
-    _map_structure,
-    _normalize,
-    _num_rows,
-    _row,
-    _same_structure,
-    _spec_of,
-    _structure_text,
-    _to_arrays,
+    check_int,
+    check_seed,
+    count_rows,
+    flatten_with_paths,
+    map_structure,
+    normalize_structure,
+    row_of,
+    same_structure,
+    spec_of,
+    structure_text,
+    to_arrays,
 )
 from hpcdist.utils.seeding import get_random_seed, next_seed
 
 
 @register_node
-class _IndexedSource(Dataset):
+class IndexedSource(Dataset):
     """A source whose rows can be addressed by index (the fast paths gather from it)."""
 
     def _num_rows(self) -> int:
@@ -47,7 +47,7 @@ class _IndexedSource(Dataset):
         """The batch of the given rows (a copy)."""
         raise NotImplementedError
 
-    def _index_source(self) -> _IndexedSource | None:
+    def _index_source(self) -> IndexedSource | None:
         return self
 
     def _index_stream(self) -> Iterator[range | np.ndarray]:
@@ -60,7 +60,7 @@ class _IndexedSource(Dataset):
 
 
 @register_node
-class TensorSliceDataset(_IndexedSource):
+class TensorSliceDataset(IndexedSource):
     """The source of ``Dataset.from_tensor_slices``: row ``i`` of every array is element ``i``.
 
     Example:
@@ -73,8 +73,8 @@ class TensorSliceDataset(_IndexedSource):
 
     def __init__(self, tensors: Any) -> None:
         super().__init__(None)
-        self._arrays = _to_arrays(tensors)
-        self._n = _num_rows(self._arrays, "from_tensor_slices")
+        self._arrays = to_arrays(tensors)
+        self._n = count_rows(self._arrays, "from_tensor_slices")
 
     def _num_rows(self) -> int:
         return self._n
@@ -83,10 +83,10 @@ class TensorSliceDataset(_IndexedSource):
         arrays = self._arrays
         if not isinstance(arrays, (tuple, Mapping)):
             for i in range(self._n):
-                yield _row(arrays, i)
+                yield row_of(arrays, i)
             return
         for i in range(self._n):
-            yield _map_structure(functools.partial(_row, i=i), arrays)
+            yield map_structure(functools.partial(row_of, i=i), arrays)
 
     def _take(self, rows: range | np.ndarray) -> Any:
         arrays = self._arrays
@@ -94,7 +94,7 @@ class TensorSliceDataset(_IndexedSource):
             return arrays.take(rows, axis=0)
         if isinstance(rows, range):
             sl = slice(rows.start, rows.stop, rows.step)
-            return _map_structure(
+            return map_structure(
                 lambda a: a[sl].copy() if is_cupy(a) else np.array(a[sl]), self._arrays
             )
 
@@ -103,10 +103,10 @@ class TensorSliceDataset(_IndexedSource):
                 return a[array_module(a).asarray(rows)]
             return np.asarray(np.take(a, rows, axis=0))
 
-        return _map_structure(gather, self._arrays)
+        return map_structure(gather, self._arrays)
 
     def _compute_element_spec(self) -> Any:
-        return _map_structure(lambda a: TensorSpec(tuple(a.shape[1:]), a.dtype), self._arrays)
+        return map_structure(lambda a: TensorSpec(tuple(a.shape[1:]), a.dtype), self._arrays)
 
     def _describe(self) -> str:
         return f"rows={self._n}"
@@ -125,7 +125,7 @@ class TensorDataset(Dataset):
 
     def __init__(self, tensors: Any) -> None:
         super().__init__(None)
-        self._value = _normalize(tensors)
+        self._value = normalize_structure(tensors)
 
     def _iter(self) -> Generator[Any, None, None]:
         yield self._value
@@ -134,11 +134,11 @@ class TensorDataset(Dataset):
         return 1
 
     def _compute_element_spec(self) -> Any:
-        return _spec_of(self._value)
+        return spec_of(self._value)
 
 
 @register_node
-class RangeDataset(_IndexedSource):
+class RangeDataset(IndexedSource):
     """The source of ``Dataset.range``: NumPy int64 scalars (or ``output_type``).
 
     Example:
@@ -156,7 +156,7 @@ class RangeDataset(_IndexedSource):
                 f"got {len(args)}"
             )
         values = [
-            _check_int(a, "range", "argument", -(2**63), "an integer (an int64)") for a in args
+            check_int(a, "range", "argument", -(2**63), "an integer (an int64)") for a in args
         ]
         if len(values) == 3 and values[2] == 0:
             raise ValueError("range: step is 0; expected a non-zero step")
@@ -174,7 +174,7 @@ class RangeDataset(_IndexedSource):
 
     def _take(self, rows: range | np.ndarray) -> Any:
         r = self._range
-        return (r.start + _index_array(rows) * r.step).astype(self.output_type)
+        return (r.start + index_array(rows) * r.step).astype(self.output_type)
 
     def _compute_element_spec(self) -> Any:
         return TensorSpec((), self.output_type)
@@ -255,7 +255,7 @@ class GeneratorDataset(Dataset):
         try:
             for i, element in enumerate(source):
                 if signature is None:
-                    yield _normalize(element)
+                    yield normalize_structure(element)
                 else:
                     yield _conform(element, signature, i)
         finally:
@@ -266,7 +266,7 @@ class GeneratorDataset(Dataset):
     def _compute_element_spec(self) -> Any:
         signature = self.output_signature
         if signature is not None and not any(
-            isinstance(s, _AnyShapeSpec) for _, s in _flatten(signature)
+            isinstance(s, _AnyShapeSpec) for _, s in flatten_with_paths(signature)
         ):
             return signature
         with closing(self._iter()) as it:
@@ -276,7 +276,7 @@ class GeneratorDataset(Dataset):
                 "from_generator: the generator yields nothing, so element_spec cannot be "
                 "inferred; pass output_signature"
             )
-        return _spec_of(first)
+        return spec_of(first)
 
     def _describe(self) -> str:
         return getattr(self.generator, "__name__", "generator")
@@ -285,7 +285,7 @@ class GeneratorDataset(Dataset):
 def _signature(signature: Any, types: Any, shapes: Any) -> Any:
     """The signature as a nest of TensorSpec (``_AnyShapeSpec``: only the dtype is known)."""
     if signature is None and shapes is None and types is not None:
-        leaves = [leaf for _, leaf in _flatten(types)]
+        leaves = [leaf for _, leaf in flatten_with_paths(types)]
         if leaves and all(isinstance(leaf, TensorSpec) for leaf in leaves):
             signature, types = types, None  # from_generator(gen, signature) given positionally
     if signature is not None:
@@ -294,7 +294,7 @@ def _signature(signature: Any, types: Any, shapes: Any) -> Any:
                 "from_generator: give output_signature, or output_types (with output_shapes), "
                 "not both"
             )
-        for path, leaf in _flatten(signature):
+        for path, leaf in flatten_with_paths(signature):
             if not isinstance(leaf, TensorSpec):
                 raise TypeError(
                     f"from_generator: output_signature has {leaf!r} at {path}; expected a "
@@ -306,9 +306,9 @@ def _signature(signature: Any, types: Any, shapes: Any) -> Any:
             raise TypeError("from_generator: output_shapes needs output_types")
         return None
     if shapes is None:
-        return _map_structure(lambda t: _AnyShapeSpec((), t), types)
+        return map_structure(lambda t: _AnyShapeSpec((), t), types)
     it = iter(_shapes_like(types, shapes))
-    return _map_structure(lambda t: TensorSpec(next(it), t), types)
+    return map_structure(lambda t: TensorSpec(next(it), t), types)
 
 
 class _AnyShapeSpec(TensorSpec):
@@ -347,12 +347,12 @@ def _conform(element: Any, signature: Any, index: int) -> Any:
     """``element`` converted to the signature's dtypes, its shapes checked."""
     if isinstance(signature, tuple) and isinstance(element, list):
         element = tuple(element)
-    if not _same_structure(signature, element):
+    if not same_structure(signature, element):
         raise TypeError(
-            f"from_generator: element {index} has structure {_structure_text(element)!r}; "
-            f"the output signature expects {_structure_text(signature)!r}"
+            f"from_generator: element {index} has structure {structure_text(element)!r}; "
+            f"the output signature expects {structure_text(signature)!r}"
         )
-    specs = iter([s for _, s in _flatten(signature)])
+    specs = iter([s for _, s in flatten_with_paths(signature)])
 
     def convert(v: Any) -> Any:
         spec = next(specs)
@@ -370,7 +370,7 @@ def _conform(element: Any, signature: Any, index: int) -> Any:
             )
         return a[()] if a.ndim == 0 else a
 
-    return _map_structure(convert, _pack_as(signature, element))
+    return map_structure(convert, _pack_as(signature, element))
 
 
 def _pack_as(signature: Any, element: Any) -> Any:
@@ -404,19 +404,19 @@ class FileListDataset(Dataset):
         super().__init__(None)
         self.files = tuple(to_path(f, "FileListDataset") for f in files)
         self.shuffle_files = bool(shuffle)
-        self.seed = _check_seed(seed, "list_files")
+        self.seed = check_seed(seed, "list_files")
         # without a seed, hd.utils.set_random_seed's stream gives one (the same on every worker)
         self.seed_from_stream = (
             self.shuffle_files and self.seed is None and get_random_seed() is not None
         )
         self._seed_used = next_seed() if self.seed_from_stream else self.seed
-        self._epochs = _EpochCounter()
+        self._epochs = EpochCounter()
 
     def _iter(self) -> Generator[str, None, None]:
         if not self.shuffle_files:
             yield from self.files
             return
-        rng = _epoch_rng(self._seed_used, True, self._epochs)
+        rng = epoch_rng(self._seed_used, True, self._epochs)
         for i in rng.permutation(len(self.files)):
             yield self.files[i]
 

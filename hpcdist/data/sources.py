@@ -229,10 +229,7 @@ class Hdf5Reader(FileReader):
 
 
 def import_h5py() -> Any:
-    """The h5py module, or an ImportError that says how to install it.
-
-    Example: ``h5py = import_h5py()``.
-    """
+    """The h5py module, or an ImportError that says how to install it."""
     try:
         import h5py  # lazy: optional HDF5 dependency
     except ImportError:

@@ -4,7 +4,7 @@ Elements are nests of tuples (namedtuples) and dicts whose leaves are NumPy
 arrays, NumPy scalars or CuPy arrays. The helpers here walk, convert, stack and
 describe such nests; ``TensorSpec`` describes one leaf, and the spec helpers
 trace ``map`` functions on zero-filled examples. Example:
-``_map_structure(lambda a: a * 2, (x, {"y": y}))`` doubles every leaf.
+``map_structure(lambda a: a * 2, (x, {"y": y}))`` doubles every leaf.
 """
 
 from __future__ import annotations
@@ -21,39 +21,39 @@ from hpcdist.arrays import array_module, import_array, is_cupy
 # --------------------------------------------------------------------------- element structures
 
 
-def _map_structure(fn: Callable[[Any], Any], x: Any) -> Any:
+def map_structure(fn: Callable[[Any], Any], x: Any) -> Any:
     """``fn`` applied to every leaf of a nest of tuples (namedtuples) and dicts."""
     if isinstance(x, tuple):
-        values = [_map_structure(fn, v) for v in x]
+        values = [map_structure(fn, v) for v in x]
         return type(x)(*values) if hasattr(x, "_fields") else tuple(values)
     if isinstance(x, Mapping):
-        return {k: _map_structure(fn, v) for k, v in x.items()}
+        return {k: map_structure(fn, v) for k, v in x.items()}
     return fn(x)
 
 
-def _flatten(x: Any, path: str = "") -> list[tuple[str, Any]]:
+def flatten_with_paths(x: Any, path: str = "") -> list[tuple[str, Any]]:
     """(path, leaf) pairs of a nest, e.g. ``[("[0]", a), ("[1]['y']", b)]``."""
     if isinstance(x, tuple):
-        return [p for i, v in enumerate(x) for p in _flatten(v, f"{path}[{i}]")]
+        return [p for i, v in enumerate(x) for p in flatten_with_paths(v, f"{path}[{i}]")]
     if isinstance(x, Mapping):
-        return [p for k, v in x.items() for p in _flatten(v, f"{path}[{k!r}]")]
+        return [p for k, v in x.items() for p in flatten_with_paths(v, f"{path}[{k!r}]")]
     return [(path or "element", x)]
 
 
-def _same_structure(a: Any, b: Any) -> bool:
+def same_structure(a: Any, b: Any) -> bool:
     if isinstance(a, tuple) or isinstance(b, tuple):
         return (
             isinstance(a, tuple)
             and isinstance(b, tuple)
             and len(a) == len(b)
-            and all(_same_structure(x, y) for x, y in zip(a, b, strict=True))
+            and all(same_structure(x, y) for x, y in zip(a, b, strict=True))
         )
     if isinstance(a, Mapping) or isinstance(b, Mapping):
         return (
             isinstance(a, Mapping)
             and isinstance(b, Mapping)
             and set(a) == set(b)
-            and all(_same_structure(a[k], b[k]) for k in a)
+            and all(same_structure(a[k], b[k]) for k in a)
         )
     return True
 
@@ -66,22 +66,22 @@ def _to_leaf(v: Any) -> Any:
     return a[()] if a.ndim == 0 else a
 
 
-def _normalize(x: Any) -> Any:
-    return _map_structure(_to_leaf, x)
+def normalize_structure(x: Any) -> Any:
+    return map_structure(_to_leaf, x)
 
 
-def _to_arrays(x: Any) -> Any:
+def to_arrays(x: Any) -> Any:
     """Leaves as arrays (never copied): TF's conversion of nested inputs to tensors.
 
     Tensors of torch, JAX or TF become NumPy/CuPy views of their memory.
     """
-    return _map_structure(
+    return map_structure(
         lambda v: v if isinstance(v, np.ndarray) or is_cupy(v) else np.asarray(import_array(v)),
         x,
     )
 
 
-def _row(a: Any, i: Any) -> Any:
+def row_of(a: Any, i: Any) -> Any:
     """Row ``i`` of ``a`` as a copy (a NumPy scalar for 1-d arrays)."""
     r = a[i]
     if isinstance(r, np.ndarray):
@@ -89,23 +89,23 @@ def _row(a: Any, i: Any) -> Any:
     return r.copy() if is_cupy(r) else r
 
 
-def _call(fn: Callable[..., Any], element: Any) -> Any:
+def call_element(fn: Callable[..., Any], element: Any) -> Any:
     """TF's calling convention: a tuple element is spread over positional arguments."""
     return fn(*element) if isinstance(element, tuple) else fn(element)
 
 
-def _stack(elements: list[Any], what: str = "batch") -> Any:
+def stack_elements(elements: list[Any], what: str = "batch") -> Any:
     first = elements[0]
     try:
         if isinstance(first, tuple):
-            parts = [_stack([e[i] for e in elements], what) for i in range(len(first))]
+            parts = [stack_elements([e[i] for e in elements], what) for i in range(len(first))]
             return type(first)(*parts) if hasattr(first, "_fields") else tuple(parts)
         if isinstance(first, Mapping):
-            return {k: _stack([e[k] for e in elements], what) for k in first}
+            return {k: stack_elements([e[k] for e in elements], what) for k in first}
     except (KeyError, IndexError, TypeError) as err:
         raise ValueError(
             f"{what}: the elements do not all have the same structure as the first one "
-            f"({_structure_text(first)}); make every element the same nest of arrays"
+            f"({structure_text(first)}); make every element the same nest of arrays"
         ) from err
     try:
         return array_module(first).stack(elements)
@@ -117,13 +117,13 @@ def _stack(elements: list[Any], what: str = "batch") -> Any:
         ) from err
 
 
-def _structure_text(x: Any) -> str:
-    return ", ".join(path for path, _ in _flatten(x))
+def structure_text(x: Any) -> str:
+    return ", ".join(path for path, _ in flatten_with_paths(x))
 
 
-def _num_rows(x: Any, what: str) -> int:
+def count_rows(x: Any, what: str) -> int:
     sizes = {}
-    for path, a in _flatten(x):
+    for path, a in flatten_with_paths(x):
         shape = np.shape(a)
         if len(shape) == 0:
             raise ValueError(
@@ -195,15 +195,15 @@ class TensorSpec:
         )
 
 
-def _spec_of(element: Any) -> Any:
-    return _map_structure(TensorSpec.from_value, element)
+def spec_of(element: Any) -> Any:
+    return map_structure(TensorSpec.from_value, element)
 
 
-def _unify_specs(a: Any, b: Any) -> Any:
+def unify_specs(a: Any, b: Any) -> Any:
     """The spec of two traced outputs: dimensions that differ become None."""
-    if not _same_structure(a, b):
+    if not same_structure(a, b):
         raise _TraceFailed("the structure depends on the input shape")
-    flat_b = iter([s for _, s in _flatten(b)])
+    flat_b = iter([s for _, s in flatten_with_paths(b)])
 
     def unify(sa: TensorSpec) -> TensorSpec:
         sb = next(flat_b)
@@ -213,19 +213,19 @@ def _unify_specs(a: Any, b: Any) -> Any:
             tuple(x if x == y else None for x, y in zip(sa.shape, sb.shape, strict=True)), sa.dtype
         )
 
-    return _map_structure(unify, a)
+    return map_structure(unify, a)
 
 
 class _TraceFailed(Exception):
     pass
 
 
-def _example_element(spec: Any, fill: int) -> Any:
+def example_element(spec: Any, fill: int) -> Any:
     def zeros(s: TensorSpec) -> Any:
         a = np.zeros(tuple(fill if d is None else d for d in s.shape), dtype=s.dtype)
         return a[()] if a.ndim == 0 else a
 
-    return _map_structure(zeros, spec)
+    return map_structure(zeros, spec)
 
 
 # ------------------------------------------------------------------------------- small helpers
@@ -244,13 +244,13 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
 
 
-def _check_int(
+def check_int(
     value: Any, what: str, name: str, minimum: int, hint: str, maximum: int = INT64_MAX
 ) -> int:
     """``value`` as an int in ``minimum .. maximum``: an int or NumPy integer, never a bool.
 
     ``TypeError`` for another type, ``ValueError`` out of range; both name the
-    argument. Example: ``_check_int(np.int32(4), "batch", "batch_size", 1, "...") == 4``.
+    argument. Example: ``check_int(np.int32(4), "batch", "batch_size", 1, "...") == 4``.
     """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(
@@ -267,7 +267,7 @@ def _check_int(
     return number
 
 
-def _check_seed(seed: Any, what: str) -> int | None:
+def check_seed(seed: Any, what: str) -> int | None:
     if seed is None:
         return None
-    return _check_int(seed, what, "seed", 0, "seed >= 0 (or None for a random order)")
+    return check_int(seed, what, "seed", 0, "seed >= 0 (or None for a random order)")

@@ -23,29 +23,29 @@ import numpy as np
 import hpcdist.data.dataset as _ds
 from hpcdist.data.dataset import AUTOTUNE, UNKNOWN, Dataset, register_node
 from hpcdist.data.shuffle import (
-    _epoch_rng,
-    _EpochCounter,
-    _fixed_random_seed,
-    _join_indices,
-    _rechunk,
-    _shuffle_indices,
+    EpochCounter,
+    epoch_rng,
+    fixed_random_seed,
+    join_indices,
+    rechunk,
+    shuffle_indices,
 )
-from hpcdist.data.source_nodes import _IndexedSource
+from hpcdist.data.source_nodes import IndexedSource
 from hpcdist.data.sources import FileReader, rows_of, to_path
 from hpcdist.data.structure import (
     TensorSpec,
-    _call,
-    _check_int,
-    _check_seed,
-    _example_element,
-    _flatten,
-    _map_structure,
-    _normalize,
-    _num_rows,
-    _row,
-    _spec_of,
-    _stack,
-    _unify_specs,
+    call_element,
+    check_int,
+    check_seed,
+    count_rows,
+    example_element,
+    flatten_with_paths,
+    map_structure,
+    normalize_structure,
+    row_of,
+    spec_of,
+    stack_elements,
+    unify_specs,
 )
 from hpcdist.utils.seeding import get_random_seed, next_seed
 
@@ -73,7 +73,7 @@ class BatchDataset(Dataset):
 
     def __init__(self, input: Dataset, batch_size: int, drop_remainder: bool = False) -> None:
         super().__init__(input)
-        self.batch_size = _check_int(
+        self.batch_size = check_int(
             batch_size, "batch", "batch_size", 1, "batch_size >= 1 (elements per batch)"
         )
         self.drop_remainder = bool(drop_remainder)
@@ -84,12 +84,12 @@ class BatchDataset(Dataset):
         if stream is not None:
             source = self._input._index_source()
             assert source is not None
-            pieces = _rechunk(stream, size, drop, len, lambda b, s, e: b[s:e], _join_indices)
+            pieces = rechunk(stream, size, drop, len, lambda b, s, e: b[s:e], join_indices)
             for rows in pieces:
                 yield source._take(rows)
             return
         if _ds._FAST_PATHS and isinstance(self._input, FileReaderDataset):
-            yield from _rechunk(
+            yield from rechunk(
                 self._input._file_arrays(), size, drop, _block_rows, _cut_rows, _concat_rows
             )
             return
@@ -98,10 +98,10 @@ class BatchDataset(Dataset):
             for element in it:
                 buffer.append(element)
                 if len(buffer) == size:
-                    yield _stack(buffer)
+                    yield stack_elements(buffer)
                     buffer = []
             if buffer and not drop:
-                yield _stack(buffer)
+                yield stack_elements(buffer)
 
     def cardinality(self) -> int:
         n = self._input.cardinality()
@@ -111,7 +111,7 @@ class BatchDataset(Dataset):
 
     def _compute_element_spec(self) -> Any:
         dim = self.batch_size if self.drop_remainder else None
-        return _map_structure(
+        return map_structure(
             lambda s: TensorSpec((dim, *s.shape), s.dtype), self._input.element_spec
         )
 
@@ -120,19 +120,19 @@ class BatchDataset(Dataset):
 
 
 def _block_rows(block: Any) -> int:
-    return int(np.shape(_flatten(block)[0][1])[0])
+    return int(np.shape(flatten_with_paths(block)[0][1])[0])
 
 
 def _cut_rows(block: Any, start: int, stop: int) -> Any:
-    return _map_structure(lambda a: np.array(a[start:stop]), block)
+    return map_structure(lambda a: np.array(a[start:stop]), block)
 
 
 def _concat_rows(pieces: list[Any]) -> Any:
     if len(pieces) == 1:
         return pieces[0]
-    flat = [[leaf for _, leaf in _flatten(p)] for p in pieces]
+    flat = [[leaf for _, leaf in flatten_with_paths(p)] for p in pieces]
     joined = iter([np.concatenate(parts) for parts in zip(*flat, strict=True)])
-    return _map_structure(lambda _: next(joined), pieces[0])
+    return map_structure(lambda _: next(joined), pieces[0])
 
 
 @register_node
@@ -150,9 +150,9 @@ class UnbatchDataset(Dataset):
     def _iter(self) -> Generator[Any, None, None]:
         with closing(self._input._iter()) as it:
             for element in it:
-                n = _num_rows(element, "unbatch")
+                n = count_rows(element, "unbatch")
                 for i in range(n):
-                    yield _map_structure(functools.partial(_row, i=i), element)
+                    yield map_structure(functools.partial(row_of, i=i), element)
 
     def _compute_element_spec(self) -> Any:
         def drop_first(s: TensorSpec) -> TensorSpec:
@@ -160,7 +160,7 @@ class UnbatchDataset(Dataset):
                 raise ValueError("unbatch: the elements are scalars; there is nothing to unbatch")
             return TensorSpec(s.shape[1:], s.dtype)
 
-        return _map_structure(drop_first, self._input.element_spec)
+        return map_structure(drop_first, self._input.element_spec)
 
 
 @register_node
@@ -189,10 +189,10 @@ class ShuffleDataset(Dataset):
         reshuffle_each_iteration: bool | None = None,
     ) -> None:
         super().__init__(input)
-        self.buffer_size = _check_int(
+        self.buffer_size = check_int(
             buffer_size, "shuffle", "buffer_size", 1, "buffer_size >= 1 (elements held)"
         )
-        self.seed = _check_seed(seed, "shuffle")
+        self.seed = check_seed(seed, "shuffle")
         self.reshuffle_each_iteration = (
             True if reshuffle_each_iteration is None else bool(reshuffle_each_iteration)
         )
@@ -200,20 +200,20 @@ class ShuffleDataset(Dataset):
         if self.seed_from_stream:
             self._seed_used: int | None = next_seed()  # the same on every worker
         elif self.seed is None and not self.reshuffle_each_iteration:
-            self._seed_used = _fixed_random_seed()  # same order every iteration
+            self._seed_used = fixed_random_seed()  # same order every iteration
         else:
             self._seed_used = self.seed
-        self._epochs = _EpochCounter()
+        self._epochs = EpochCounter()
 
     def _rng(self) -> np.random.Generator:
-        return _epoch_rng(self._seed_used, self.reshuffle_each_iteration, self._epochs)
+        return epoch_rng(self._seed_used, self.reshuffle_each_iteration, self._epochs)
 
-    def _index_source(self) -> _IndexedSource | None:
+    def _index_source(self) -> IndexedSource | None:
         return self._input._index_source()
 
     def _index_stream(self) -> Iterator[range | np.ndarray]:
         upstream = self._input._index_stream()
-        yield from _shuffle_indices(upstream, self.buffer_size, self._rng(), _ds._SHUFFLE_CHUNK)
+        yield from shuffle_indices(upstream, self.buffer_size, self._rng(), _ds._SHUFFLE_CHUNK)
 
     def _iter(self) -> Generator[Any, None, None]:
         stream = self._fast_stream()
@@ -271,7 +271,7 @@ def _unstack(batch: Any) -> Iterator[Any]:
         yield from (batch[i] if batch.ndim == 1 else batch[i].copy() for i in range(n))
         return
     for i in range(n):
-        yield _map_structure(functools.partial(_copy_row, i=i), batch)
+        yield map_structure(functools.partial(_copy_row, i=i), batch)
 
 
 @register_node
@@ -297,7 +297,7 @@ class MapDataset(Dataset):
             raise TypeError(f"map: map_func is a {type(map_func).__name__}; expected a callable")
         self.map_func = map_func
         if num_parallel_calls is not None and num_parallel_calls != AUTOTUNE:
-            _check_int(
+            check_int(
                 num_parallel_calls,
                 "map",
                 "num_parallel_calls",
@@ -323,7 +323,7 @@ class MapDataset(Dataset):
         with closing(self._input._iter()) as it:
             if threads <= 1:
                 for element in it:
-                    yield _normalize(_call(fn, element))
+                    yield normalize_structure(call_element(fn, element))
             else:
                 yield from _parallel_map(it, fn, threads)
 
@@ -331,10 +331,12 @@ class MapDataset(Dataset):
         spec = self._input.element_spec
         try:
             with np.errstate(all="ignore"):
-                first = _spec_of(_normalize(_call(self.map_func, _example_element(spec, 1))))
-                if any(None in s.shape for _, s in _flatten(spec)):
-                    second = _spec_of(_normalize(_call(self.map_func, _example_element(spec, 2))))
-                    first = _unify_specs(first, second)
+                fn = self.map_func
+                first = spec_of(normalize_structure(call_element(fn, example_element(spec, 1))))
+                if any(None in s.shape for _, s in flatten_with_paths(spec)):
+                    again = call_element(fn, example_element(spec, 2))
+                    second = spec_of(normalize_structure(again))
+                    first = unify_specs(first, second)
             return first
         except Exception:  # fall back to a real element
             log.debug("map: tracing %r with zeros failed; using the first element", self.map_func)
@@ -345,7 +347,7 @@ class MapDataset(Dataset):
                 "map: cannot infer element_spec: the function fails on example inputs and the "
                 "dataset is empty"
             )
-        return _spec_of(element)
+        return spec_of(element)
 
     def cardinality(self) -> int:
         return self._input.cardinality()
@@ -360,7 +362,7 @@ def _parallel_map(it: Iterator[Any], fn: Callable[..., Any], threads: int) -> It
     pending: deque[Any] = deque()
     try:
         for element in it:
-            pending.append(pool.submit(lambda x: _normalize(_call(fn, x)), element))
+            pending.append(pool.submit(lambda x: normalize_structure(call_element(fn, x)), element))
             if len(pending) >= 2 * threads:
                 yield pending.popleft().result()
         while pending:
@@ -395,7 +397,7 @@ class FilterDataset(Dataset):
         pred = self.predicate
         with closing(self._input._iter()) as it:
             for element in it:
-                keep = _call(pred, element)
+                keep = call_element(pred, element)
                 if isinstance(keep, np.ndarray) and keep.ndim > 0:
                     raise TypeError(
                         f"filter: the predicate returned an array of shape {keep.shape}; it must "
@@ -446,10 +448,10 @@ class FileReaderDataset(Dataset):
             n = _block_rows(arrays)
             if not isinstance(arrays, (tuple, Mapping)):
                 for i in range(n):
-                    yield _row(arrays, i)
+                    yield row_of(arrays, i)
                 continue
             for i in range(n):
-                yield _map_structure(functools.partial(_row, i=i), arrays)
+                yield map_structure(functools.partial(row_of, i=i), arrays)
 
     def _compute_element_spec(self) -> Any:
         with closing(self._input._detached()._iter()) as names:
@@ -461,7 +463,7 @@ class FileReaderDataset(Dataset):
         path = to_path(first, f"read_{self.reader.name}")
         with self.reader.open(path) as arrays:
             rows_of(path, arrays)
-            return _map_structure(lambda a: TensorSpec(tuple(a.shape[1:]), a.dtype), arrays)
+            return map_structure(lambda a: TensorSpec(tuple(a.shape[1:]), a.dtype), arrays)
 
     def cardinality(self) -> int:
         return UNKNOWN

@@ -71,7 +71,7 @@ class AggregatingVariable(Variable):
         local_id = mode.replica._local_id
         return devices[local_id] if local_id < len(devices) else None
 
-    def _read(self) -> Any:
+    def raw_value(self) -> Any:
         """The stored value; inside a replica on another kind of device, a copy on that device."""
         value = self._value
         device = self._replica_device()
@@ -107,9 +107,9 @@ def combine(strategy: Any, value: Any, aggregation: VariableAggregation) -> Any:
     """
     if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
         first = local_results(value)[0]
-        return asarray(first._read() if isinstance(first, Variable) else first)
+        return asarray(first.raw_value() if isinstance(first, Variable) else first)
     op = ReduceOp.from_variable_aggregation(aggregation)
-    return strategy.extended._reduce_leaves(op, [value])[0]
+    return strategy.extended.reduce_leaves(op, [value])[0]
 
 
 __all__ = ["AggregatingVariable", "combine"]

@@ -84,8 +84,11 @@ class CentralStorageExtended(StrategyExtended):
     Example: ``CentralStorageStrategy(["/cpu:0", "/cpu:1"]).extended.parameter_devices``.
     """
 
-    def __init__(self, compute_devices: Sequence[Device], parameter_device: Device) -> None:
+    def __init__(
+        self, strategy: Any, compute_devices: Sequence[Device], parameter_device: Device
+    ) -> None:
         super().__init__(
+            strategy,
             compute_devices,
             cross_device_ops=ReductionToOneDevice(reduce_to_device=parameter_device),
             distributed_variables=False,
@@ -98,7 +101,7 @@ class CentralStorageExtended(StrategyExtended):
         """The one device that holds the variables."""
         return (self._parameter_device.name,)
 
-    def _create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
+    def create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
         """An ``AggregatingVariable`` on the parameter device (sync-on-read: one per replica)."""
 
         value = vs.initial_array(initial_value, dtype, shape)
@@ -162,7 +165,7 @@ class CentralStorageStrategy(Strategy):
         check_single_process(type(self).__name__)
         devices = local_devices(compute_devices)
         parameter = parameter_device_for(devices, parameter_device)
-        super().__init__(CentralStorageExtended(devices, parameter))
+        super().__init__(CentralStorageExtended(self, devices, parameter))
 
     def __repr__(self) -> str:
         ext = self._extended

@@ -48,10 +48,7 @@ _default_class: list[Callable[[], Strategy]] = []
 
 
 def register_default_strategy(factory: Callable[[], Strategy]) -> None:
-    """Set what :func:`default_strategy` creates (``DefaultStrategy``, registered on import).
-
-    Example: ``register_default_strategy(DefaultStrategy)``.
-    """
+    """Set what :func:`default_strategy` creates (``DefaultStrategy``, registered on import)."""
     _default_class[:] = [factory]
 
 

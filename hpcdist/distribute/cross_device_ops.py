@@ -96,10 +96,7 @@ class CrossDeviceOps:
         destinations: Any,
         options: Any = None,
     ) -> Any:
-        """Reduce the local components of ``per_replica_value`` and copy to ``destinations``.
-
-        Example: ``ops.reduce("MEAN", per_replica, destinations="/cpu:0")``.
-        """
+        """Reduce the local components of ``per_replica_value`` and copy to ``destinations``."""
         dests = destination_devices(destinations)
         values = [asarray(v) for v in _components(per_replica_value)]
         return place(self.reduce_local(reduce_op, values, dests[0]), dests)
@@ -110,10 +107,7 @@ class CrossDeviceOps:
         value_destination_pairs: Sequence[tuple],
         options: Any = None,
     ) -> list[Any]:
-        """:meth:`reduce` for each ``(value, destinations)`` pair.
-
-        Example: ``ops.batch_reduce("SUM", [(grad_a, var_a), (grad_b, var_b)])``.
-        """
+        """:meth:`reduce` for each ``(value, destinations)`` pair."""
         return [self.reduce(reduce_op, v, d, options) for v, d in value_destination_pairs]
 
     def broadcast(self, tensor: Any, destinations: Any) -> Any:
@@ -130,8 +124,6 @@ class ReductionToOneDevice(CrossDeviceOps):
     ``reduce_to_device`` is where the reduction happens (default: the first
     destination); ``accumulation_fn(list_of_arrays)`` replaces the sum of
     ``SUM`` and ``MEAN`` (TF's default is ``add_n``).
-
-    Example: ``ReductionToOneDevice(reduce_to_device="/cpu:0")``.
     """
 
     def __init__(

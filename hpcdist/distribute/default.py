@@ -24,8 +24,8 @@ from hpcdist.distribute.strategy import Strategy
 class DefaultExtended(StrategyExtended):
     """The default strategy's extended: one local replica, nothing distributed."""
 
-    def __init__(self) -> None:
-        super().__init__([parse_device("/cpu:0")], distributed_variables=False)
+    def __init__(self, strategy: Any) -> None:
+        super().__init__(strategy, [parse_device("/cpu:0")], distributed_variables=False)
         self._variable_device = None
 
     def call_for_each_replica(
@@ -41,7 +41,7 @@ class DefaultStrategy(Strategy):
     """The single-replica strategy in effect when no other is (not constructed by users)."""
 
     def __init__(self) -> None:
-        super().__init__(DefaultExtended())
+        super().__init__(DefaultExtended(self))
 
     def __repr__(self) -> str:
         return "<DefaultStrategy>"

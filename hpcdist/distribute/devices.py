@@ -14,6 +14,7 @@ device types. CuPy is imported only by :func:`visible_gpu_count`.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 from collections.abc import Iterable
@@ -22,7 +23,7 @@ from typing import Any
 
 from hpcdist.cluster.envparse import short
 from hpcdist.cluster.gpus import CUDA_VISIBLE_DEVICES, parse_visible_devices
-from hpcdist.errors import InvalidDeviceError
+from hpcdist.errors import GpuSetupError, InvalidDeviceError
 
 ACCEPTED_FORMS = (
     "'GPU:0', '/gpu:1', '/CPU:0', '/device:GPU:1', 'cpu' or 'gpu' (index 0), and "
@@ -191,11 +192,13 @@ def canonical_devices(
 
 
 def visible_gpu_count() -> int:
-    """How many GPUs this process can use: 0 without CuPy or without a CUDA device.
+    """How many GPUs this process can use: 0 without CuPy or without an NVIDIA driver.
 
     Honours ``CUDA_VISIBLE_DEVICES`` (an empty or ``-1`` value gives 0 without
     starting CUDA); otherwise asks CuPy's ``getDeviceCount()``, which makes CUDA
     read ``CUDA_VISIBLE_DEVICES`` for good, so call it after GPUs are bound.
+    A CuPy that is installed but broken, or that the driver is too old for, raises
+    :class:`~hpcdist.errors.GpuSetupError` instead of training on the CPU unnoticed.
 
     Example:
         >>> visible_gpu_count() >= 0
@@ -205,10 +208,51 @@ def visible_gpu_count() -> int:
         return 0
     try:
         import cupy  # lazy: optional GPU dependency (CuPy)
-
+    except ModuleNotFoundError as exc:
+        if exc.name == "cupy":
+            return 0  # no CuPy: a CPU install
+        raise _broken(f"CuPy fails to import ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:
+        raise _broken(f"CuPy fails to import ({type(exc).__name__}: {exc})") from exc
+    try:
         return max(0, int(cupy.cuda.runtime.getDeviceCount()))
-    except Exception:  # noqa: BLE001 - no CuPy, no driver or no device all mean no GPU
-        return 0
+    except Exception as exc:
+        status = getattr(exc, "status", None)
+        if status == _NO_DEVICE or (status in _NO_DRIVER and not nvidia_driver_present()):
+            return 0  # a machine without GPUs (or without an NVIDIA driver)
+        version = getattr(cupy, "__version__", "?")
+        raise _broken(
+            f"CuPy {version} cannot count the GPUs ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+_NO_DEVICE = 100  # cudaErrorNoDevice
+_NO_DRIVER = (34, 35)  # cudaErrorStubLibrary, cudaErrorInsufficientDriver
+
+
+def nvidia_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver (its ``libcuda`` loads).
+
+    Example:
+        >>> isinstance(nvidia_driver_present(), bool)
+        True
+    """
+    if os.path.exists("/proc/driver/nvidia/version"):
+        return True
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _broken(what: str) -> GpuSetupError:
+    return GpuSetupError(
+        f"{what}. hpcdist does not fall back to the CPU silently: install the CuPy wheel for "
+        "this driver (pip install 'hpcdist[gpu]' for CUDA 13: cupy-cuda13x, nvidia-nccl-cu13, "
+        "numba-cuda[cu13]; 'hpcdist[gpu-cuda12]' for CUDA 12 drivers), uninstall CuPy, or set "
+        "CUDA_VISIBLE_DEVICES='' to run on CPUs on purpose"
+    )
 
 
 def default_devices(*, job: str = "localhost", task: int = 0) -> tuple[Device, ...]:
@@ -250,4 +294,5 @@ def check_devices_exist(devices: Iterable[str | Device]) -> tuple[Device, ...]:
 
 
 __all__ = ["ACCEPTED_FORMS", "Device", "InvalidDeviceError", "canonical_devices"]
-__all__ += ["check_devices_exist", "default_devices", "parse_device", "visible_gpu_count"]
+__all__ += ["check_devices_exist", "default_devices", "nvidia_driver_present", "parse_device"]
+__all__ += ["visible_gpu_count"]

@@ -56,18 +56,11 @@ if TYPE_CHECKING:
 
 
 class StrategyExtended:
-    """The lower-level API of a strategy (``tf.distribute.StrategyExtended``).
-
-    Example: ``strategy.extended.reduce_to("SUM", per_replica, destinations=var)``.
-    """
-
-    _strategy: Any  # set by Strategy.__init__
-    # set by the multi-worker and parameter-server strategies
-    _cluster_resolver: ClusterResolver | None
-    _communication_options: CommunicationOptions
+    """The lower-level API of a strategy (``tf.distribute.StrategyExtended``)."""
 
     def __init__(
         self,
+        strategy: Any,
         devices: Sequence[Device],
         *,
         worker_index: int = 0,
@@ -76,12 +69,17 @@ class StrategyExtended:
         cross_device_ops: CrossDeviceOps | None = None,
         distributed_variables: bool = True,
         between_graph: bool = False,
+        cluster_resolver: ClusterResolver | None = None,
+        communication_options: CommunicationOptions | None = None,
     ) -> None:
         if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
             raise TypeError(
                 f"cross_device_ops must be a CrossDeviceOps (e.g. hd.ReductionToOneDevice()), "
                 f"got {cross_device_ops!r}"
             )
+        self._strategy = strategy
+        self._cluster_resolver = cluster_resolver
+        self._communication_options = communication_options
         self._devices = tuple(devices)
         self._num_local_replicas = len(self._devices)
         self._worker_index = worker_index
@@ -99,6 +97,41 @@ class StrategyExtended:
         self._default_ctx: ReplicaContext | None = None
 
     # -- properties -------------------------------------------------------------------
+    @property
+    def strategy(self) -> Any:
+        """The :class:`Strategy` this extended API belongs to."""
+        return self._strategy
+
+    @property
+    def num_local_replicas(self) -> int:
+        """How many replicas this worker runs (its local devices)."""
+        return self._num_local_replicas
+
+    @property
+    def worker_index(self) -> int:
+        """This worker's index among the workers (0 is the chief)."""
+        return self._worker_index
+
+    @property
+    def num_workers(self) -> int:
+        """How many workers (MPI ranks) take part."""
+        return self._num_workers
+
+    @property
+    def collectives(self) -> Any:
+        """The collectives engine that joins the workers (``None`` for one worker)."""
+        return self._collectives
+
+    @property
+    def cluster_resolver(self) -> ClusterResolver | None:
+        """The cluster resolver of a multi-worker strategy, else ``None``."""
+        return self._cluster_resolver
+
+    @property
+    def communication_options(self) -> CommunicationOptions | None:
+        """The collectives' options of a multi-worker strategy, else ``None``."""
+        return self._communication_options
+
     @property
     def worker_devices(self) -> tuple[str, ...]:
         """The devices of this worker's replicas, as full device names."""
@@ -230,7 +263,7 @@ class StrategyExtended:
 
         k = self._num_local_replicas
         if isinstance(value, SyncOnReadVariable):
-            return [asarray(c._read()) for c in value.values]
+            return [asarray(c.raw_value()) for c in value.values]
         mirrored = isinstance(value, (Mirrored, DistributedVariable))
         if isinstance(value, (DistributedValues, DistributedVariable)):
             comps = list(value.values)
@@ -239,7 +272,7 @@ class StrategyExtended:
                     f"the distributed value has {len(comps)} components but this strategy has "
                     f"{k} local replicas: it was made by another strategy"
                 )
-            comps = [asarray(c._read() if isinstance(c, Variable) else c) for c in comps]
+            comps = [asarray(c.raw_value() if isinstance(c, Variable) else c) for c in comps]
             if not mirrored:
                 return comps
             if op is not ReduceOp.SUM:
@@ -252,7 +285,7 @@ class StrategyExtended:
                 "meaningful; reduce the per-replica values (the output of run) instead"
             )
         if isinstance(value, Variable):
-            value = value._read()
+            value = value.raw_value()
         value = asarray(value)
         if k == 1:
             return [value]
@@ -267,7 +300,7 @@ class StrategyExtended:
             "strategy.run (or use MEAN for a value that is the same on every replica)"
         )
 
-    def _reduce_leaves(self, op: ReduceOp, leaves: Sequence[Any], options: Any = None) -> list[Any]:
+    def reduce_leaves(self, op: ReduceOp, leaves: Sequence[Any], options: Any = None) -> list[Any]:
         """Reduce each leaf over all replicas; results on the first local device.
 
         One engine call for all leaves. With one local replica per worker the
@@ -315,17 +348,17 @@ class StrategyExtended:
 
     def _reduce_to_host(self, op: ReduceOp, value: Any) -> Any:
         leaves = nest.flatten(value)
-        return nest.pack_sequence_as(value, self._reduce_leaves(op, leaves))
+        return nest.pack_sequence_as(value, self.reduce_leaves(op, leaves))
 
     def _all_reduce_leaves(self, op: ReduceOp, leaves: list[Any], options: Any) -> list[Any]:
         if self._streams is not None and self._num_workers == 1:
             done = [self._local_gpu_reduce(op, leaf, self._devices) for leaf in leaves]
             rest = [leaf for leaf, r in zip(leaves, done, strict=True) if r is _UNHANDLED]
-            rest_reduced = iter(self._reduce_leaves(op, rest, options) if rest else ())
+            rest_reduced = iter(self.reduce_leaves(op, rest, options) if rest else ())
             return [
                 place(next(rest_reduced), self._devices) if r is _UNHANDLED else r for r in done
             ]
-        reduced = self._reduce_leaves(op, leaves, options)
+        reduced = self.reduce_leaves(op, leaves, options)
         if self._num_local_replicas == 1 and self._devices[0].device_type == "CPU":
             if all(r.__class__ is np.ndarray for r in reduced):
                 return reduced  # (what place gives for NumPy arrays on one CPU device)
@@ -336,7 +369,7 @@ class StrategyExtended:
 
         Only for several local GPUs and one worker: then ``NcclAllReduce``
         reduces with NCCL on the GPUs (its docstring says when); every other
-        value goes the usual way (:meth:`_reduce_leaves`).
+        value goes the usual way (:meth:`reduce_leaves`).
         """
         if self._streams is None or self._num_workers != 1:
             return _UNHANDLED
@@ -346,15 +379,13 @@ class StrategyExtended:
             return _UNHANDLED
         return self._cross_device_ops.reduce(op, value, tuple(dests))
 
-    def _local_gpu_all_reduce(self, op: ReduceOp, leaves: Sequence[Any]) -> list[list[Any]] | None:
+    def local_gpu_all_reduce(self, op: ReduceOp, leaves: Sequence[Any]) -> list[list[Any]] | None:
         """Each leaf (a ``PerReplica`` of GPU arrays) all-reduced among the local GPUs.
 
         Returns, per local replica, the reduced leaves on that replica's GPU (with
         ``NcclAllReduce``: one NCCL all-reduce per leaf, nothing copied between GPUs
         or to the host), or ``None`` when :meth:`_local_gpu_reduce` does not apply
-        to every leaf (then :meth:`_reduce_leaves`). The optimizers' gradient sum.
-
-        Example: ``per_replica = ext._local_gpu_all_reduce(ReduceOp.SUM, [grads])``.
+        to every leaf (then :meth:`reduce_leaves`). The optimizers' gradient sum.
         """
         if self._streams is None or self._num_workers != 1:
             return None
@@ -377,7 +408,7 @@ class StrategyExtended:
         done = self._local_gpu_reduce(op, value, dests)
         if done is not _UNHANDLED:
             return done
-        return place(self._reduce_leaves(op, [value], options)[0], dests)
+        return place(self.reduce_leaves(op, [value], options)[0], dests)
 
     def batch_reduce_to(
         self,
@@ -385,10 +416,7 @@ class StrategyExtended:
         value_destination_pairs: Sequence[tuple],
         options: Any = None,
     ) -> list[Any]:
-        """:meth:`reduce_to` for many ``(value, destinations)`` pairs, in one batched collective.
-
-        Example: ``extended.batch_reduce_to("MEAN", [(g1, v1), (g2, v2)])``.
-        """
+        """:meth:`reduce_to` for many ``(value, destinations)`` pairs, in one batched collective."""
         require_cross_replica(self._strategy, "extended.batch_reduce_to")
         op = ReduceOp.from_any(reduce_op)
         pairs = list(value_destination_pairs)
@@ -399,7 +427,7 @@ class StrategyExtended:
         dests = [destination_devices(d, self._devices) for _, d in pairs]
         done = [self._local_gpu_reduce(op, v, ds) for (v, _), ds in zip(pairs, dests, strict=True)]
         rest = [v for (v, _), r in zip(pairs, done, strict=True) if r is _UNHANDLED]
-        reduced = iter(self._reduce_leaves(op, rest, options) if rest else ())
+        reduced = iter(self.reduce_leaves(op, rest, options) if rest else ())
         return [
             place(next(reduced), ds) if r is _UNHANDLED else r
             for r, ds in zip(done, dests, strict=True)
@@ -426,7 +454,7 @@ class StrategyExtended:
             comps = list(value.values)
         else:
             comps = [value]  # a plain value is this worker's contribution (as TF)
-        comps = [asarray(c._read() if isinstance(c, Variable) else c) for c in comps]
+        comps = [asarray(c.raw_value() if isinstance(c, Variable) else c) for c in comps]
         for c in comps:
             if c.ndim == 0:
                 raise ValueError(
@@ -554,10 +582,7 @@ class StrategyExtended:
         yield
 
     def variable_created_in_scope(self, v: Any) -> bool:
-        """Whether ``v`` was created in this strategy's scope.
-
-        Example: ``strategy.extended.variable_created_in_scope(v)``.
-        """
+        """Whether ``v`` was created in this strategy's scope."""
         return getattr(v, "_distribute_strategy", None) is self._strategy
 
     def value_container(self, value: Any) -> Any:
@@ -572,7 +597,7 @@ class StrategyExtended:
         """The value of ``v`` in the cross-replica context (aggregated for sync-on-read)."""
         return v.read_value()
 
-    def _create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
+    def create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
         """The variable this strategy makes for ``hd.Variable(...)`` in its scope."""
 
         value = vs.initial_array(initial_value, dtype, shape)
@@ -595,7 +620,7 @@ class StrategyExtended:
                 f"variable {spec['name']!r} is {value.dtype}. Use a float initial value or "
                 "another aggregation (SUM, ONLY_FIRST_REPLICA)"
             )
-        components = self._replica_components(self._broadcast_initial_value(value), spec)
+        components = self._replica_components(self.broadcast_initial_value(value), spec)
         on_read = spec["synchronization"] is vs.VariableSynchronization.ON_READ
         kind = vs.SyncOnReadVariable if on_read else vs.MirroredVariable
         return kind(self._strategy, components, **spec)
@@ -617,7 +642,7 @@ class StrategyExtended:
         """The strategy recorded on plain variables made in scope (``None`` for the default)."""
         return self._strategy
 
-    def _broadcast_initial_value(self, value: Any) -> Any:
+    def broadcast_initial_value(self, value: Any) -> Any:
         """Worker 0's ``value`` on every worker (collective when there are several)."""
         if self._num_workers > 1:
             return self._collectives.broadcast([value], root=0)[0]

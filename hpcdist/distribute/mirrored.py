@@ -61,8 +61,6 @@ class MirroredStrategy(Strategy):
     ``devices=None`` uses every visible GPU, else the CPU. ``cross_device_ops``
     picks how local values are combined (default: ``NcclAllReduce`` for
     several GPUs, else ``ReductionToOneDevice``).
-
-    Example: ``MirroredStrategy(["/gpu:0", "/gpu:1"])``.
     """
 
     def __init__(
@@ -71,8 +69,8 @@ class MirroredStrategy(Strategy):
         cross_device_ops: CrossDeviceOps | None = None,
     ) -> None:
         check_single_process(type(self).__name__)
-        extended = StrategyExtended(local_devices(devices), cross_device_ops=cross_device_ops)
-        super().__init__(extended)
+        local = local_devices(devices)
+        super().__init__(StrategyExtended(self, local, cross_device_ops=cross_device_ops))
 
     def __repr__(self) -> str:
         devices = ", ".join(d.short for d in self._extended._devices)

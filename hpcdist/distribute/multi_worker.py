@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from hpcdist.cluster.base import ClusterResolver
 from hpcdist.cluster.detect import resolve
@@ -120,6 +120,18 @@ def _physical_gpus(local: Sequence[Device]) -> list[str]:
     return ids
 
 
+class _WorkerView(NamedTuple):
+    """What each rank tells the others in :func:`_agree` (the first four ``None`` on an error)."""
+
+    workers: Any  # chief+worker tasks in the cluster
+    worker: Any  # this rank's worker id
+    job: Any
+    task: Any
+    num_local: int  # local replicas
+    error: str | None  # the resolver's error, reported on every rank
+    where: tuple[str, list[str]]  # host name and physical GPU ids
+
+
 def _agree(comm: Any, resolver: ClusterResolver, local: Sequence[Device]) -> tuple[int, str, int]:
     """Check on every rank that the cluster matches the MPI job; collective.
 
@@ -130,31 +142,33 @@ def _agree(comm: Any, resolver: ClusterResolver, local: Sequence[Device]) -> tup
     num_local = len(local)
     where = (mpi().Get_processor_name(), _physical_gpus(local))
     try:
-        mine: tuple[Any, ...] = (*_worker_id(resolver), num_local, None, where)
+        mine = _WorkerView(*_worker_id(resolver), num_local, None, where)
     except Exception as error:  # reported collectively below
-        mine = (None, None, None, None, num_local, f"{type(error).__name__}: {error}", where)
-    views = comm.allgather(mine)
-    shared = shared_gpu_problems([v[6] for v in views])
+        failed = f"{type(error).__name__}: {error}"
+        mine = _WorkerView(None, None, None, None, num_local, failed, where)
+    views: list[_WorkerView] = comm.allgather(mine)
+    shared = shared_gpu_problems([v.where for v in views])
     if shared:
         raise LaunchError(
             "MultiWorkerMirroredStrategy: " + "; ".join(shared) + ". " + shared_gpu_advice()
         )
     size = comm.Get_size()
-    problems = [f"rank {r}: {v[5]}" for r, v in enumerate(views) if v[5]]
+    problems = [f"rank {r}: {v.error}" for r, v in enumerate(views) if v.error]
     if not problems:
-        counts = {v[0] for v in views}
-        ids = sorted(v[1] for v in views)
+        counts = {v.workers for v in views}
+        ids = sorted(v.worker for v in views)
         if counts != {size}:
             problems.append(
                 f"the cluster has {sorted(counts)} chief+worker tasks but the MPI job has "
                 f"{size} ranks; every rank must be one worker"
             )
         elif ids != list(range(size)):
-            problems.append(f"worker ids {[v[1] for v in views]} (by rank) are not 0..{size - 1}")
-        locals_ = {v[4] for v in views}
+            by_rank = [v.worker for v in views]
+            problems.append(f"worker ids {by_rank} (by rank) are not 0..{size - 1}")
+        locals_ = {v.num_local for v in views}
         if len(locals_) > 1:
             problems.append(
-                f"ranks have different numbers of local replicas {[v[4] for v in views]}; "
+                f"ranks have different numbers of local replicas {[v.num_local for v in views]}; "
                 "every worker needs the same number of devices"
             )
     if problems:
@@ -162,8 +176,7 @@ def _agree(comm: Any, resolver: ClusterResolver, local: Sequence[Device]) -> tup
             "MultiWorkerMirroredStrategy: the cluster does not match the MPI job: "
             + "; ".join(problems)
         )
-    _, worker, job, task = mine[:4]
-    return worker, job, task
+    return mine.worker, mine.job, mine.task
 
 
 class MultiWorkerMirroredStrategy(Strategy):
@@ -203,14 +216,15 @@ class MultiWorkerMirroredStrategy(Strategy):
             [Device(None, None, None, d.device_type, d.index) for d in local], job=job, task=task
         )
         extended = StrategyExtended(
+            self,
             local,
             worker_index=worker,
             num_workers=w.size,
             collectives=Collectives(comm, options),
             between_graph=True,
+            cluster_resolver=resolver,
+            communication_options=options,
         )
-        extended._cluster_resolver = resolver
-        extended._communication_options = options
         super().__init__(extended)
 
     @classmethod

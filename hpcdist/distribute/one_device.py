@@ -20,17 +20,14 @@ from hpcdist.distribute.strategy import Strategy
 
 
 class OneDeviceStrategy(Strategy):
-    """Run on the single ``device`` (``tf.distribute.OneDeviceStrategy``).
-
-    Example: ``OneDeviceStrategy("/gpu:0")``.
-    """
+    """Run on the single ``device`` (``tf.distribute.OneDeviceStrategy``)."""
 
     def __init__(self, device: str | Device) -> None:
         if not isinstance(device, (str, Device)):
             raise TypeError(f"device must be a device string such as '/cpu:0', got {device!r}")
         check_single_process(type(self).__name__)
         devices = check_devices_exist([parse_device(device)])
-        super().__init__(StrategyExtended(devices, distributed_variables=False))
+        super().__init__(StrategyExtended(self, devices, distributed_variables=False))
 
     def __repr__(self) -> str:
         return f"<OneDeviceStrategy device={self._extended._devices[0].short}>"

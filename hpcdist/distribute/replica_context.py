@@ -104,7 +104,12 @@ class ReplicaContext:
             )
 
     def merge_call(
-        self, merge_fn: MergeFn, args: tuple | list = (), kwargs: dict | None = None
+        self,
+        merge_fn: MergeFn,
+        args: tuple | list = (),
+        kwargs: dict | None = None,
+        *,
+        key: Any = None,
     ) -> Any:
         """Run ``merge_fn(strategy, *args, **kwargs)`` once, in the cross-replica context.
 
@@ -112,10 +117,12 @@ class ReplicaContext:
         arguments of all replicas arrive grouped into ``PerReplica`` values
         (an argument that is the same object on every replica arrives as
         itself). Each replica gets back its own component of the result.
+        ``key`` (an hpcdist addition) names what the replicas must agree on: replicas
+        that pass different keys get a ``RuntimeError``.
 
         Example: ``ctx.merge_call(lambda s, x: s.reduce("sum", x, axis=None), args=(x,))``.
         """
-        return self._merge(merge_fn, args, kwargs, False)
+        return self._merge(merge_fn, args, kwargs, False, key)
 
     def _merge(
         self, merge_fn: MergeFn, args: Any, kwargs: dict | None, wrap_all: bool, key: Any = None

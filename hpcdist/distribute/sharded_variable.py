@@ -275,7 +275,8 @@ class ShardedVariable(NDArrayOperatorsMixin):
         """The full value (same as :meth:`value`)."""
         return self.value()
 
-    def _read(self) -> Any:
+    def raw_value(self) -> Any:
+        """The shards joined into one array (the same as :meth:`value`)."""
         return self.value()
 
     def numpy(self) -> np.ndarray:

@@ -109,7 +109,6 @@ class Strategy:
 
     def __init__(self, extended: Any) -> None:
         self._extended = extended
-        extended._strategy = self
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -125,7 +124,7 @@ class Strategy:
     @property
     def cluster_resolver(self) -> ClusterResolver | None:
         """The cluster resolver of a multi-worker strategy, else ``None``."""
-        return getattr(self._extended, "_cluster_resolver", None)
+        return self._extended.cluster_resolver
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} replicas={self.num_replicas_in_sync}>"
@@ -154,8 +153,6 @@ class Strategy:
         Distributed values in ``args``/``kwargs`` give each replica its own
         component. A result that is the same object on every replica (or the
         only replica's) is returned as it is; others become ``PerReplica``.
-
-        Example: ``per_replica = strategy.run(step, args=(batch,))``.
         """
         del options  # accepted for TF compatibility; nothing to tune yet
         if not isinstance(args, (tuple, list)):
@@ -187,8 +184,6 @@ class Strategy:
         across replicas; ``MEAN`` divides the global sum by the global count
         of elements along ``axis`` (TF allows only SUM and MEAN with an axis;
         hpcdist also gives MIN and MAX).
-
-        Example: ``strategy.reduce(hd.ReduceOp.SUM, per_replica_losses, axis=None)``.
         """
         require_cross_replica(self, "strategy.reduce")
         op = ReduceOp.from_any(reduce_op)
@@ -225,8 +220,6 @@ class Strategy:
 
         Sizes along ``axis`` may differ between replicas. The result is one
         array on this worker.
-
-        Example: ``strategy.gather(per_replica_predictions, axis=0)``.
         """
         require_cross_replica(self, "strategy.gather")
         value, back = import_values(value)  # torch/jax/tf: NumPy/CuPy views, the type back out

@@ -150,6 +150,11 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):  # type: ignore[
         return self._trainable
 
     @property
+    def distribute_strategy(self) -> Any:
+        """The strategy the variable was made in (``None`` outside any strategy's scope)."""
+        return self._distribute_strategy
+
+    @property
     def synchronization(self) -> VariableSynchronization:
         """When the variable is synchronised across replicas."""
         return self._synchronization
@@ -164,37 +169,41 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):  # type: ignore[
         """The name of the device the value lives on."""
         if self._device is not None:
             return self._device.name
-        x = self._read()
+        x = self.raw_value()
         return f"/device:GPU:{x.device.id}" if is_cupy(x) else "/device:CPU:0"
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The shape of the value."""
-        return tuple(self._read().shape)
+        return tuple(self.raw_value().shape)
 
     @property
     def dtype(self) -> np.dtype:
         """The dtype of the value."""
-        return self._read().dtype
+        return self.raw_value().dtype
 
     @property
     def ndim(self) -> int:
         """The rank of the value."""
-        return self._read().ndim
+        return self.raw_value().ndim
 
     @property
     def size(self) -> int:
         """The number of elements."""
-        return int(self._read().size)
+        return int(self.raw_value().size)
 
     # -- reading ---------------------------------------------------------------------------
-    def _read(self) -> Any:
-        """The stored array itself (no copy, no view): for internal use."""
+    def raw_value(self) -> Any:
+        """The stored array itself (no copy, no view), for layers and optimizers that update it.
+
+        :meth:`value` is the read-only view to hand out; this is what hpcdist's
+        own layers, metrics and optimizers read and write in place.
+        """
         return self._value
 
     def value(self) -> Any:
         """The current value: a read-only NumPy view (CuPy arrays as they are)."""
-        x = asarray(self._read())
+        x = asarray(self.raw_value())
         if isinstance(x, np.ndarray):
             x = x.view()
             x.flags.writeable = False
@@ -231,7 +240,7 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):  # type: ignore[
         return self.value()[item]
 
     def __len__(self) -> int:
-        return len(self._read())
+        return len(self.raw_value())
 
     def __float__(self) -> float:
         return float(to_host(self.value()))
@@ -249,15 +258,15 @@ class Variable(NDArrayOperatorsMixin, metaclass=_VariableMeta):  # type: ignore[
         )
 
     def _repr_value(self) -> str:
-        return np.array2string(to_host(self._read()), threshold=20)
+        return np.array2string(to_host(self.raw_value()), threshold=20)
 
     # -- writing ----------------------------------------------------------------------------
     def _converted(self, value: Any) -> Any:
         """``value`` as an array of this variable's shape and dtype, on its device."""
         if isinstance(value, Variable):
-            value = value._read()
+            value = value.raw_value()
         value = asarray(value)
-        current = self._read()
+        current = self.raw_value()
         if tuple(value.shape) != tuple(current.shape):
             raise ValueError(
                 f"cannot assign a value of shape {tuple(value.shape)} to variable {self.name!r} "
@@ -384,7 +393,7 @@ class DistributedVariable(Variable, DistributedVariableBase):
     def __len__(self) -> int:
         return len(self.primary)
 
-    def _local_id(self) -> int | None:
+    def local_replica_id(self) -> int | None:
         """The local replica id when in a replica context of this variable's strategy.
 
         ``None`` in a cross-replica context and outside any scope; inside the
@@ -400,7 +409,7 @@ class DistributedVariable(Variable, DistributedVariableBase):
         return mode.replica._local_id
 
     def _current_component(self) -> Variable:
-        local_id = self._local_id()
+        local_id = self.local_replica_id()
         return self.primary if local_id is None else self._components[local_id]
 
     def _repr_value(self) -> str:
@@ -417,11 +426,12 @@ class DistributedVariable(Variable, DistributedVariableBase):
 class MirroredVariable(DistributedVariable):
     """A variable kept identical on every replica (sync on write)."""
 
-    def _read(self) -> Any:
-        return self._current_component()._read()
+    def raw_value(self) -> Any:
+        """The stored array of this replica's copy (the first copy outside a replica)."""
+        return self._current_component().raw_value()
 
     def _write(self, op: str, value: Any, read_value: bool) -> Any:
-        local_id = self._local_id()
+        local_id = self.local_replica_id()
         if local_id is None:
             self._update_each(op, value)
             return self if read_value else None
@@ -441,10 +451,11 @@ class MirroredVariable(DistributedVariable):
 class SyncOnReadVariable(DistributedVariable):
     """Each replica writes its own copy; cross-replica reads combine them (sync on read)."""
 
-    def _read(self) -> Any:
-        local_id = self._local_id()
+    def raw_value(self) -> Any:
+        """This replica's own stored array; outside a replica, the copies combined."""
+        local_id = self.local_replica_id()
         if local_id is not None:
-            return self._components[local_id]._read()
+            return self._components[local_id].raw_value()
         return self._aggregated()
 
     def _aggregated(self) -> Any:
@@ -452,17 +463,17 @@ class SyncOnReadVariable(DistributedVariable):
         agg = self._aggregation
         ext = strategy.extended
         if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-            return ext._broadcast_initial_value(self.primary._read())
+            return ext.broadcast_initial_value(self.primary.raw_value())
         if agg is VariableAggregation.NONE:
             raise ValueError(
                 f"the sync-on-read variable {self.name!r} has aggregation NONE, so it has no "
                 "value in cross-replica context; read it inside strategy.run, or create it "
                 "with aggregation SUM, MEAN or ONLY_FIRST_REPLICA"
             )
-        return ext._reduce_leaves(ReduceOp.from_variable_aggregation(agg), [self])[0]
+        return ext.reduce_leaves(ReduceOp.from_variable_aggregation(agg), [self])[0]
 
     def _write(self, op: str, value: Any, read_value: bool) -> Any:
-        local_id = self._local_id()
+        local_id = self.local_replica_id()
         if local_id is not None:
             self._components[local_id]._set(op, value)
             return self if read_value else None
@@ -474,7 +485,7 @@ class SyncOnReadVariable(DistributedVariable):
                     "would change by num_replicas times the delta); use assign, or update it "
                     "inside strategy.run"
                 )
-            value = asarray(value._read() if isinstance(value, Variable) else value)
+            value = asarray(value.raw_value() if isinstance(value, Variable) else value)
             n = self._distribute_strategy.num_replicas_in_sync
             value = (value / n).astype(self.dtype)
         self._update_each(op, value)
@@ -502,7 +513,7 @@ def aggregate(strategy: Any, value: Any, aggregation: VariableAggregation, var: 
     ext = strategy.extended
     if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
         first = asarray(local_results(value)[0])
-        return ext.broadcast_to(ext._broadcast_initial_value(first), var)
+        return ext.broadcast_to(ext.broadcast_initial_value(first), var)
     op = ReduceOp.from_variable_aggregation(aggregation)
     return ext.reduce_to(op, value, var)
 
@@ -537,17 +548,17 @@ def create_variable(
     if ctx is not None and getattr(ctx, "_merger", None) is not None:
 
         def merge(s: Any, v: Any) -> Variable:
-            return s.extended._create_variable(local_results(v)[0], dtype, shape, spec)
+            return s.extended.create_variable(local_results(v)[0], dtype, shape, spec)
 
         return ctx._merge(merge, (initial_value,), None, False, ("create", spec["name"]))
-    return strategy.extended._create_variable(initial_value, dtype, shape, spec)
+    return strategy.extended.create_variable(initial_value, dtype, shape, spec)
 
 
 def initial_array(initial_value: Any, dtype: Any, shape: Any) -> Any:
     """The array an initial value (a value, array, variable or callable) stands for."""
     value = initial_value() if callable(initial_value) else initial_value
     if isinstance(value, Variable):
-        value = value._read()
+        value = value.raw_value()
     value = asarray(value)
     if dtype is not None:
         value = value.astype(dtype, copy=False)

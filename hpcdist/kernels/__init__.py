@@ -12,7 +12,15 @@ Example:
     array([1., 2.])
 """
 
-from hpcdist.kernels.cpu import (
+import os
+
+# With colorama installed (the docs extra brings it), Numba's error highlighting makes
+# colorama write an ANSI reset at exit: a stray ESC[0m after the output of every job under
+# mpirun. Off unless the user set the variable; every Numba import of hpcdist is in this
+# package, so this runs before Numba reads it.
+os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
+
+from hpcdist.kernels.cpu import (  # noqa: E402  (after the Numba setting above)
     MAX,
     MEAN,
     MIN,
@@ -22,9 +30,9 @@ from hpcdist.kernels.cpu import (
     scale,
     scatter_bytes,
 )
-from hpcdist.kernels.half import float_to_half, half_to_float
-from hpcdist.kernels.pack import address_of, pack_pieces
-from hpcdist.kernels.sync import (
+from hpcdist.kernels.half import float_to_half, half_to_float  # noqa: E402
+from hpcdist.kernels.pack import address_of, pack_pieces  # noqa: E402
+from hpcdist.kernels.sync import (  # noqa: E402
     arrive_and_wait,
     atomic_load,
     atomic_store,

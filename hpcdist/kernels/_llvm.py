@@ -5,7 +5,7 @@ an integer address turned into a typed pointer, a ``memcpy`` between two
 addresses, bit casts between ``float32`` and ``uint32``, atomic loads and
 stores with acquire/release ordering, and a CPU spin-wait hint.
 
-Example: ``_pointer(addr, np.dtype(np.float32))`` inside ``@njit`` code is a
+Example: ``pointer(addr, np.dtype(np.float32))`` inside ``@njit`` code is a
 ``float32*`` to ``addr``; ``numba.carray(ptr, n)`` makes it an array view.
 """
 
@@ -47,7 +47,7 @@ def _scalar_of(dt: types.Type) -> types.Type:
 
 
 @intrinsic
-def _pointer(typingctx: Any, addr: types.Type, dt: types.Type) -> tuple[Any, _Codegen]:
+def pointer(typingctx: Any, addr: types.Type, dt: types.Type) -> tuple[Any, _Codegen]:
     """``addr`` (an integer) as a pointer to ``dt``'s storage type."""
     if not isinstance(addr, types.Integer):
         raise TypingError(f"expected an integer address, found {addr}")
@@ -63,7 +63,7 @@ def _pointer(typingctx: Any, addr: types.Type, dt: types.Type) -> tuple[Any, _Co
 
 
 @intrinsic
-def _memcpy(
+def memcpy(
     typingctx: Any, dst: types.Type, src: types.Type, nbytes: types.Type
 ) -> tuple[Any, _Codegen]:
     """``memcpy(dst, src, nbytes)`` for integer addresses (the regions must not overlap)."""
@@ -82,7 +82,7 @@ def _memcpy(
 
 
 @intrinsic
-def _f32_from_bits(typingctx: Any, bits: types.Type) -> tuple[Any, _Codegen]:
+def f32_from_bits(typingctx: Any, bits: types.Type) -> tuple[Any, _Codegen]:
     """The ``float32`` whose bit pattern is the low 32 bits of ``bits``."""
     sig = types.float32(types.uint32)
 
@@ -95,7 +95,7 @@ def _f32_from_bits(typingctx: Any, bits: types.Type) -> tuple[Any, _Codegen]:
 
 
 @intrinsic
-def _f32_bits(typingctx: Any, value: types.Type) -> tuple[Any, _Codegen]:
+def f32_bits(typingctx: Any, value: types.Type) -> tuple[Any, _Codegen]:
     """The bit pattern of a ``float32`` as ``uint32``."""
     sig = types.uint32(types.float32)
 
@@ -113,7 +113,7 @@ def _check_flags(arr: types.Type) -> None:
 
 
 @intrinsic
-def _load_acquire(typingctx: Any, flags: types.Type, index: types.Type) -> tuple[Any, _Codegen]:
+def load_acquire(typingctx: Any, flags: types.Type, index: types.Type) -> tuple[Any, _Codegen]:
     """``flags[index]`` read with an atomic acquire load (no bounds check)."""
     _check_flags(flags)
     sig = types.int64(flags, types.intp)
@@ -130,7 +130,7 @@ def _load_acquire(typingctx: Any, flags: types.Type, index: types.Type) -> tuple
 
 
 @intrinsic
-def _store_release(
+def store_release(
     typingctx: Any, flags: types.Type, index: types.Type, value: types.Type
 ) -> tuple[Any, _Codegen]:
     """``flags[index] = value`` with an atomic release store (no bounds check)."""
@@ -159,7 +159,7 @@ else:
 
 
 @intrinsic
-def _cpu_pause(typingctx: Any) -> tuple[Any, _Codegen]:
+def pause_hint(typingctx: Any) -> tuple[Any, _Codegen]:
     """A spin-wait hint (x86 ``pause``, ARM ``yield``), nothing elsewhere."""
     sig = types.void()
 
@@ -183,7 +183,7 @@ def accumulator_type(scalar: types.Type) -> types.Type:
 
 
 @intrinsic
-def _stack_block(typingctx: Any, size: types.Type, dt: types.Type) -> tuple[Any, _Codegen]:
+def stack_block(typingctx: Any, size: types.Type, dt: types.Type) -> tuple[Any, _Codegen]:
     """A pointer to ``size`` (a compile-time constant) accumulator slots on the stack."""
     if not isinstance(size, types.IntegerLiteral):
         raise TypingError(f"expected a constant block size, found {size}")

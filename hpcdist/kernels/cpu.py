@@ -5,7 +5,8 @@
 * :func:`scatter_bytes` is the inverse *unpack*.
 * :func:`reduce_slots` folds the rows of a 2-D slot window element-wise in row
   order (``SUM``, ``MEAN``, ``MIN``, ``MAX``), bitwise reproducible; ``float16``
-  accumulates in ``float32`` and is rounded once.
+  and ``bfloat16`` accumulate in ``float32`` and are rounded once
+  (:mod:`hpcdist.kernels.fold16`).
 * :func:`scale` divides a float array in place.
 
 Each public function checks its arguments in Python (typed errors that say
@@ -39,7 +40,8 @@ import numpy as np
 from numba import njit, types
 from numba.core.extending import overload
 
-from hpcdist.kernels._llvm import _memcpy, _pointer, _stack_block
+from hpcdist.kernels._llvm import memcpy, pointer, stack_block
+from hpcdist.kernels.fold16 import BFLOAT16, fold_addresses
 from hpcdist.kernels.half import float_to_half, half_to_float
 
 __all__ = ["MAX", "MEAN", "MIN", "SUM", "gather_bytes", "reduce_slots", "scale", "scatter_bytes"]
@@ -51,8 +53,9 @@ MAX = 3
 
 _BLOCK = 2048  # elements per accumulator block: 8 KiB of float32, stays in L1
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
-_FLOAT_CHARS = frozenset("efd")
+_FLOAT_CHARS = frozenset("efdE")
 _SUPPORTED_CHARS = frozenset("efdbhilqBHILQ")  # float16/32/64, (u)int8/16/32/64
+_BF16_CHAR = "E"  # ml_dtypes.bfloat16: folded by hpcdist.kernels.fold16
 
 
 # ---------------------------------------------------------------- dtype-level helpers
@@ -140,7 +143,7 @@ def _gather(dst: np.ndarray, addrs: np.ndarray, nbytes: np.ndarray, offsets: np.
         return bad
     base = np.int64(dst.ctypes.data)
     for i in range(addrs.shape[0]):
-        _memcpy(base + offsets[i], addrs[i], nbytes[i])
+        memcpy(base + offsets[i], addrs[i], nbytes[i])
     return -1
 
 
@@ -151,7 +154,7 @@ def _scatter(src: np.ndarray, addrs: np.ndarray, nbytes: np.ndarray, offsets: np
         return bad
     base = np.int64(src.ctypes.data)
     for i in range(addrs.shape[0]):
-        _memcpy(addrs[i], base + offsets[i], nbytes[i])
+        memcpy(addrs[i], base + offsets[i], nbytes[i])
     return -1
 
 
@@ -269,9 +272,9 @@ def _fold_elementwise(
     """
     dt = _token_dtype(token)
     for i in range(count):
-        a = _widen(_pointer(src + i * col_bytes, dt)[0], dt)
+        a = _widen(pointer(src + i * col_bytes, dt)[0], dt)
         for k in range(1, nrows):
-            b = _widen(_pointer(src + k * row_bytes + i * col_bytes, dt)[0], dt)
+            b = _widen(pointer(src + k * row_bytes + i * col_bytes, dt)[0], dt)
             if op == MIN:
                 # np.minimum: a NaN in either operand wins (never true for integers)
                 a = a if a != a or a <= b else b
@@ -281,7 +284,7 @@ def _fold_elementwise(
                 a = a + b
         if op == MEAN:
             a = _divide(a, divisor, dt)
-        _put(_pointer(dst + i * out_bytes, dt), 0, a, dt)
+        _put(pointer(dst + i * out_bytes, dt), 0, a, dt)
 
 
 # The kernels below handle contiguous rows block by block, with vectorised loops
@@ -316,18 +319,18 @@ def _fold(
     for k in range(nrows):
         if dst == src + k * row_bytes:
             alias = k
-    acc = numba.carray(_stack_block(_BLOCK, dt), _BLOCK)
+    acc = numba.carray(stack_block(_BLOCK, dt), _BLOCK)
     for b0 in range(0, count, _BLOCK):
         bn = min(_BLOCK, count - b0)
         off = b0 * itemsize
-        x = numba.carray(_pointer(src + off, dt), bn)
-        y = numba.carray(_pointer(src + row_bytes + off, dt), bn)
-        o = numba.carray(_pointer(dst + off, dt), bn)
+        x = numba.carray(pointer(src + off, dt), bn)
+        y = numba.carray(pointer(src + row_bytes + off, dt), bn)
+        o = numba.carray(pointer(dst + off, dt), bn)
         if alias >= 2:
             for j in range(bn):
                 acc[j] = x[j] + y[j]
             for k in range(2, alias):
-                row = numba.carray(_pointer(src + k * row_bytes + off, dt), bn)
+                row = numba.carray(pointer(src + k * row_bytes + off, dt), bn)
                 for j in range(bn):
                     acc[j] = acc[j] + row[j]
             for j in range(bn):
@@ -342,7 +345,7 @@ def _fold(
             for j in range(bn):
                 o[j] = x[j] + y[j]
         for k in range(max(2, alias + 1), nrows):
-            row = numba.carray(_pointer(src + k * row_bytes + off, dt), bn)
+            row = numba.carray(pointer(src + k * row_bytes + off, dt), bn)
             for j in range(bn):
                 o[j] = o[j] + row[j]
         if op == MEAN:
@@ -367,12 +370,12 @@ def _fold_minmax(
     may be exactly one of the rows. NaN propagates as in ``np.minimum``.
     """
     dt = _token_dtype(token)
-    acc = numba.carray(_stack_block(_BLOCK, dt), _BLOCK)
+    acc = numba.carray(stack_block(_BLOCK, dt), _BLOCK)
     for b0 in range(0, count, _BLOCK):
         bn = min(_BLOCK, count - b0)
         off = b0 * itemsize
-        x = numba.carray(_pointer(src + off, dt), bn)
-        y = numba.carray(_pointer(src + row_bytes + off, dt), bn)
+        x = numba.carray(pointer(src + off, dt), bn)
+        y = numba.carray(pointer(src + row_bytes + off, dt), bn)
         if op == MIN:
             for j in range(bn):
                 a = x[j]
@@ -384,7 +387,7 @@ def _fold_minmax(
                 b = y[j]
                 acc[j] = a if a != a or a >= b else b
         for k in range(2, nrows):
-            row = numba.carray(_pointer(src + k * row_bytes + off, dt), bn)
+            row = numba.carray(pointer(src + k * row_bytes + off, dt), bn)
             if op == MIN:
                 for j in range(bn):
                     a = acc[j]
@@ -395,7 +398,7 @@ def _fold_minmax(
                     a = acc[j]
                     b = row[j]
                     acc[j] = a if a != a or a >= b else b
-        o = numba.carray(_pointer(dst + off, dt), bn)
+        o = numba.carray(pointer(dst + off, dt), bn)
         for j in range(bn):
             o[j] = acc[j]
 
@@ -406,20 +409,20 @@ def _fold_half(
 ) -> None:
     """:func:`_fold` for float16 bits: each block adds in a float32 accumulator."""
     dt = np.float16
-    acc = numba.carray(_stack_block(_BLOCK, dt), _BLOCK)
+    acc = numba.carray(stack_block(_BLOCK, dt), _BLOCK)
     d = np.float32(divisor)
     for b0 in range(0, count, _BLOCK):
         bn = min(_BLOCK, count - b0)
         off = b0 * 2
-        x = numba.carray(_pointer(src + off, dt), bn)
-        y = numba.carray(_pointer(src + row_bytes + off, dt), bn)
+        x = numba.carray(pointer(src + off, dt), bn)
+        y = numba.carray(pointer(src + row_bytes + off, dt), bn)
         for j in range(bn):
             acc[j] = half_to_float(x[j]) + half_to_float(y[j])
         for k in range(2, nrows):
-            row = numba.carray(_pointer(src + k * row_bytes + off, dt), bn)
+            row = numba.carray(pointer(src + k * row_bytes + off, dt), bn)
             for j in range(bn):
                 acc[j] = acc[j] + half_to_float(row[j])
-        o = numba.carray(_pointer(dst + off, dt), bn)
+        o = numba.carray(pointer(dst + off, dt), bn)
         if op == MEAN:
             for j in range(bn):
                 o[j] = float_to_half(acc[j] / d)
@@ -462,12 +465,12 @@ def reduce_slots(
         and slots.ndim == 2
         and out.ndim == 1
         and slots.dtype == out.dtype
-        and slots.dtype.char in _SUPPORTED_CHARS
+        and (slots.dtype.char in _SUPPORTED_CHARS or slots.dtype == BFLOAT16)
     ):
         raise TypeError(
             f"reduce_slots: slots is {_describe(slots)} and out is {_describe(out)}; expected a "
-            "2-D slots array and a 1-D out array of one dtype among float16/32/64 and "
-            "(u)int8/16/32/64"
+            "2-D slots array and a 1-D out array of one dtype among bfloat16, float16/32/64 "
+            "and (u)int8/16/32/64"
         )
     nrows, m = slots.shape
     if op not in (SUM, MEAN, MIN, MAX):
@@ -498,7 +501,7 @@ def reduce_slots(
     if count == 0:
         return
     char = slots.dtype.char
-    if char == "e":  # Numba has no float16 arrays on the CPU: use the bits
+    if char in "eE":  # Numba has no float16 arrays on the CPU: use the bits
         src, dst = _addresses(slots.view(np.uint16), out.view(np.uint16))
     else:
         src, dst = _addresses(slots, out)
@@ -507,6 +510,14 @@ def reduce_slots(
     src += lo * col_bytes
     dst += out_lo * out_bytes
     itemsize = slots.itemsize
+    if char == _BF16_CHAR:
+        if (count > 1 and col_bytes != 2) or (count > 1 and out_bytes != 2):
+            raise ValueError(
+                "reduce_slots: bfloat16 rows and out must be contiguous; pass "
+                "np.ascontiguousarray copies"
+            )
+        fold_addresses(src, row_bytes, nrows, count, dst, op, divisor, BFLOAT16)
+        return
     if nrows < 2 or col_bytes != itemsize or out_bytes != itemsize or (op > MEAN and char == "e"):
         _fold_elementwise(
             src, row_bytes, col_bytes, nrows, count, dst, out_bytes, op, divisor, _TOKENS[char]
@@ -529,10 +540,11 @@ def fold_rows(
     with the same compiled kernels, so the bits equal :func:`reduce_slots`'s.
     ``char`` is the dtype's character (``"f"`` for float32). The caller
     guarantees what :func:`reduce_slots` checks.
-
-    Example: ``fold_rows(slots_addr, slot_bytes, 2, n, out_addr, SUM, 2, "f")``.
     """
     if count <= 0:
+        return
+    if char == _BF16_CHAR:
+        fold_addresses(src, row_bytes, nrows, count, dst, op, divisor, BFLOAT16)
         return
     token = _TOKENS[char]
     itemsize = _ITEMSIZES[char]
@@ -553,12 +565,12 @@ def fold_rows(
 def _scale(base: int, n: int, stride: int, divisor: int, itemsize: int, token: np.ndarray) -> None:
     dt = _token_dtype(token)
     if stride == itemsize:
-        x = numba.carray(_pointer(base, dt), n)
+        x = numba.carray(pointer(base, dt), n)
         for i in range(n):
             _put(x, i, _divide(_widen(x[i], dt), divisor, dt), dt)
     else:
         for i in range(n):
-            p = _pointer(base + i * stride, dt)
+            p = pointer(base + i * stride, dt)
             _put(p, 0, _divide(_widen(p[0], dt), divisor, dt), dt)
 
 
@@ -576,11 +588,21 @@ def scale(x: np.ndarray, divisor: int) -> None:
     Example: ``scale(grads, world_size)`` turns a summed gradient into a mean.
     """
     if not (isinstance(x, np.ndarray) and x.ndim == 1 and x.dtype.char in _FLOAT_CHARS):
-        raise TypeError(f"scale: x is {_describe(x)}; expected a 1-D float16/32/64 NumPy array")
+        raise TypeError(
+            f"scale: x is {_describe(x)}; expected a 1-D bfloat16 or float16/32/64 NumPy array"
+        )
     if divisor <= 0:
         raise ValueError(f"scale: divisor is {divisor}; expected a positive count")
     if x.shape[0] == 0:
         return
     char = x.dtype.char
+    if char == _BF16_CHAR:  # one row folded with MEAN: divided in float32, rounded once
+        work = x if x.flags.c_contiguous else x.copy()
+        bits = work.view(np.uint16)
+        address = int(bits.__array_interface__["data"][0])
+        fold_addresses(address, 0, 1, work.shape[0], address, MEAN, divisor, BFLOAT16)
+        if work is not x:
+            x[...] = work
+        return
     base = _address(x.view(np.uint16) if char == "e" else x)
     _scale(base, x.shape[0], x.strides[0], divisor, x.itemsize, _TOKENS[char])

@@ -16,7 +16,10 @@ raw address (an ``inttoptr`` in device code). All tensors of one bucket share
 one dtype, the flat buffer's. Build a table once per bucket layout with
 :func:`tensor_table` and pass it instead of the tensors to skip the small
 host-to-device copy of the table on later calls (the tensors must then stay
-allocated at the same addresses).
+allocated at the same addresses). Given a list instead, :func:`pack_cuda` and
+:func:`unpack_cuda` look the table up by layout (:func:`cached_table`): it is
+built, and copied to the device, once per layout; tables of CuPy tensors live
+in CuPy's memory pool.
 
 Under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` set before
 ``numba.cuda`` is first imported) the same kernels run on the host and the
@@ -40,6 +43,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +56,7 @@ from hpcdist.kernels.cpu import MAX, MEAN, MIN, SUM
 
 __all__ = [
     "TensorTable",
+    "cached_table",
     "pack_cuda",
     "reduce_slots_cuda",
     "simulator_enabled",
@@ -179,24 +185,40 @@ def _max(a: float, b: float) -> float:
     return a if a >= b else b
 
 
+@cuda.jit(device=True)
+def _fold(slots: Any, nrows: int, j: int, op: int, zero: float) -> float:
+    # the left fold of column j in row order, in the type of ``zero`` (the accumulator's)
+    acc = zero + slots[0, j]
+    for k in range(1, nrows):
+        v = zero + slots[k, j]
+        if op == MIN:
+            acc = _min(acc, v)
+        elif op == MAX:
+            acc = _max(acc, v)
+        else:
+            acc = acc + v
+    return acc
+
+
 @cuda.jit
 def _reduce_kernel(
-    slots: Any, lo: int, count: int, out: Any, out_lo: int, op: int, divisor: float, zero: float
+    slots: Any, lo: int, count: int, out: Any, out_lo: int, op: int, zero: float
 ) -> None:
+    # SUM, MIN, MAX for every dtype: no division here, so integer rows never pass
+    # through float64 (a ``/`` would make Numba unify the accumulator with float64)
     nrows = slots.shape[0]
     for i in range(cuda.grid(1), count, cuda.gridsize(1)):
-        acc = zero + slots[0, lo + i]
-        for k in range(1, nrows):
-            v = zero + slots[k, lo + i]
-            if op == MIN:
-                acc = _min(acc, v)
-            elif op == MAX:
-                acc = _max(acc, v)
-            else:
-                acc = acc + v
-        if op == MEAN:
-            acc = acc / divisor
-        out[out_lo + i] = acc
+        out[out_lo + i] = _fold(slots, nrows, lo + i, op, zero)
+
+
+@cuda.jit
+def _mean_kernel(
+    slots: Any, lo: int, count: int, out: Any, out_lo: int, divisor: float, zero: float
+) -> None:
+    # MEAN, float dtypes only: the sum divided once, in the accumulator's type
+    nrows = slots.shape[0]
+    for i in range(cuda.grid(1), count, cuda.gridsize(1)):
+        out[out_lo + i] = _fold(slots, nrows, lo + i, SUM, zero) / divisor
 
 
 # ------------------------------------------------------------------------- host side
@@ -215,7 +237,8 @@ def _as_device(x: Any, what: str) -> Any:
             f"{what} is {type(x).__name__}; expected a device array (a Numba device array or "
             "an object with __cuda_array_interface__ such as a CuPy array)"
         )
-    if simulator_enabled() or cuda.is_cuda_ndarray(x):
+    # (numba.cuda has no is_cuda_ndarray; a Numba device array says so with this attribute)
+    if simulator_enabled() or getattr(x, "__cuda_ndarray__", False):
         return x
     # No sync on the array's stream: callers launch on the stream that orders the work.
     return cuda.as_cuda_array(x, sync=False)
@@ -288,6 +311,10 @@ def tensor_table(tensors: Sequence[Any], stream: Any = 0) -> TensorTable:
 
     Example: ``table = tensor_table(grads)`` then ``pack_cuda(table, flat)``.
     """
+    return _build_table(tensors, stream, keep=True)
+
+
+def _build_table(tensors: Sequence[Any], stream: Any, keep: bool) -> TensorTable:
     arrays = tuple(_as_device(t, f"tensor {i}") for i, t in enumerate(tensors))
     if not arrays:
         raise ValueError("tensor_table: no tensors; expected at least one device array")
@@ -312,18 +339,81 @@ def tensor_table(tensors: Sequence[Any], stream: Any = 0) -> TensorTable:
     offsets = np.zeros(len(arrays) + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])
     addrs = np.array([_address(a) for a in arrays], np.int64)
+    cupy_owned = any(type(t).__module__.split(".", 1)[0] == "cupy" for t in tensors)
     return TensorTable(
-        addrs=cuda.to_device(addrs, stream=stream),
-        offsets=cuda.to_device(offsets, stream=stream),
+        addrs=_upload(addrs, stream, cupy_owned),
+        offsets=_upload(offsets, stream, cupy_owned),
         sizes=sizes,
         total=int(offsets[-1]),
         dtype=dtype,
-        tensors=arrays,
+        tensors=arrays if keep else (),
     )
 
 
+def _upload(host: np.ndarray, stream: Any, cupy_owned: bool) -> Any:
+    """A device copy of a small host table; from CuPy's memory pool when the tensors are CuPy's.
+
+    Runs once per bucket layout (tables are cached): CuPy's pool returns the memory
+    without ``cudaFree`` (Numba's deferred frees would block the host), and the copy is
+    waited for here so that a kernel on any stream sees the table. The table is handed
+    to the kernels as a Numba view made once without sync: a CuPy array passed as it is
+    would make Numba wait on the array's stream at every launch.
+    """
+    if cupy_owned and not simulator_enabled():
+        import cupy  # lazy: optional GPU dependency (CuPy; the tensors are CuPy arrays)
+
+        # on the current device, from CuPy's pool, on a stream of its own: the caller's
+        # stream may hold queued work that this one-time copy need not wait for
+        with cupy.cuda.Stream(non_blocking=True) as upload:
+            device = cupy.asarray(host)
+        upload.synchronize()
+        return cuda.as_cuda_array(device, sync=False)  # (the view keeps `device` alive)
+    return cuda.to_device(host, stream=stream)
+
+
+#: Tables built by :func:`pack_cuda` / :func:`unpack_cuda` for lists of tensors, by layout.
+TABLE_CACHE_SIZE = 256
+_TABLES: OrderedDict[tuple[Any, ...], TensorTable] = OrderedDict()
+_TABLES_LOCK = threading.Lock()
+
+
+def _layout_key(tensors: Sequence[Any]) -> tuple[Any, ...] | None:
+    """What a table encodes, per tensor: address, shape, dtype, contiguity (None: no key)."""
+    key = []
+    for t in tensors:
+        if not _is_device_array(t):
+            return None  # _build_table raises the error
+        key.append((_address(t), tuple(t.shape), np.dtype(t.dtype).str, _is_c_contiguous(t)))
+    return tuple(key)
+
+
+def cached_table(tensors: Sequence[Any], stream: Any = 0) -> TensorTable:
+    """The :class:`TensorTable` of ``tensors``, built once per layout and kept.
+
+    A layout is the tensors' addresses, shapes and dtype, so a hit describes exactly
+    these tensors; up to :data:`TABLE_CACHE_SIZE` layouts are kept (least recently
+    used dropped). Cached tables do not keep the tensors alive.
+
+    Example: ``cached_table(grads) is cached_table(grads)``.
+    """
+    key = _layout_key(tensors)
+    if key is not None:
+        with _TABLES_LOCK:
+            table = _TABLES.get(key)
+            if table is not None:
+                _TABLES.move_to_end(key)
+                return table
+    table = _build_table(tensors, stream, keep=key is None)
+    if key is not None:
+        with _TABLES_LOCK:
+            _TABLES[key] = table
+            while len(_TABLES) > TABLE_CACHE_SIZE:
+                _TABLES.popitem(last=False)
+    return table
+
+
 def _table_and_flat(tensors: Any, flat: Any, what: str, stream: Any) -> tuple[TensorTable, Any]:
-    table = tensors if isinstance(tensors, TensorTable) else tensor_table(tensors, stream)
+    table = tensors if isinstance(tensors, TensorTable) else cached_table(tensors, stream)
     flat = _as_device(flat, f"{what}: flat")
     if len(flat.shape) != 1 or np.dtype(flat.dtype) != table.dtype:
         raise TypeError(
@@ -434,6 +524,9 @@ def reduce_slots_cuda(
         return
     acc = _acc_dtype(dtype)
     blocks, threads = _launch_config(count)
-    _reduce_kernel[blocks, threads, stream](
-        slots, lo, count, out, out_lo, op, acc.type(max(divisor, 1)), acc.type(0)
-    )
+    if op == MEAN:
+        _mean_kernel[blocks, threads, stream](
+            slots, lo, count, out, out_lo, acc.type(divisor), acc.type(0)
+        )
+    else:
+        _reduce_kernel[blocks, threads, stream](slots, lo, count, out, out_lo, op, acc.type(0))

@@ -657,10 +657,7 @@ def scale(g: np.ndarray, c: float) -> None:
 
 
 def clip_values(g: np.ndarray, c: float) -> None:
-    """Clip ``g`` to ``[-c, c]`` in place (NaN stays NaN).
-
-    Example: ``clip_values(g, 1.0)``.
-    """
+    """Clip ``g`` to ``[-c, c]`` in place (NaN stays NaN)."""
     dtype = _check_flat("clip_values", {"g": g})
     if not c >= 0:
         raise ValueError(f"clip_values: c is {c!r}; expected a non-negative clip value")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hpcdist.kernels._llvm import _memcpy
+from hpcdist.kernels._llvm import memcpy
 
 __all__ = ["address_of", "pack_pieces"]
 
@@ -49,4 +49,4 @@ def pack_pieces(
     Example: see the module docstring.
     """
     for i in range(tensor.shape[0]):
-        _memcpy(dst + offsets[i], bases[tensor[i]] + src[i], nbytes[i])
+        memcpy(dst + offsets[i], bases[tensor[i]] + src[i], nbytes[i])

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hpcdist.kernels._llvm import _cpu_pause, _load_acquire, _store_release
+from hpcdist.kernels._llvm import load_acquire, pause_hint, store_release
 
 __all__ = [
     "arrive_and_wait",
@@ -62,7 +62,7 @@ def atomic_store(flags: np.ndarray, index: int, value: int) -> None:
     Example: ``atomic_store(flags, 0, 3)`` then ``atomic_load(flags, 0) == 3``.
     """
     _check_index(flags, index)
-    _store_release(flags, index, value)
+    store_release(flags, index, value)
 
 
 @njit(nogil=True, cache=True)
@@ -72,7 +72,7 @@ def atomic_load(flags: np.ndarray, index: int) -> int:
     Example: ``atomic_load(np.array([5], np.int64), 0)`` is ``5``.
     """
     _check_index(flags, index)
-    return _load_acquire(flags, index)
+    return load_acquire(flags, index)
 
 
 @njit(nogil=True, cache=True)
@@ -81,7 +81,7 @@ def cpu_pause() -> None:
 
     Example: ``cpu_pause()`` returns after a few cycles.
     """
-    _cpu_pause()
+    pause_hint()
 
 
 @njit(nogil=True, cache=True)
@@ -118,7 +118,7 @@ def wait_all(
     k = 0
     rounds = 0
     while True:
-        while k < count and _load_acquire(flags, first + k * stride) >= target:
+        while k < count and load_acquire(flags, first + k * stride) >= target:
             k += 1
         if k == count:
             return True
@@ -146,7 +146,7 @@ def wait_equal(
     k = 0
     rounds = 0
     while True:
-        while k < count and _load_acquire(flags, first + k * stride) == value:
+        while k < count and load_acquire(flags, first + k * stride) == value:
             k += 1
         if k == count:
             return True
@@ -179,11 +179,11 @@ def arrive_and_wait(
     slot = 1 + (seq & 1)
     line = rank * stride
     flags[line + slot] = digest
-    _store_release(flags, line, seq)
+    store_release(flags, line, seq)
     k = 0
     rounds = 0
     while True:
-        while k < count and _load_acquire(flags, k * stride) >= seq:
+        while k < count and load_acquire(flags, k * stride) >= seq:
             k += 1
         if k == count:
             break

@@ -14,7 +14,15 @@ Example:
 """
 
 from hpcdist.distribute.sharded_variable import embedding_lookup
-from hpcdist.nn import activations, backend, initializers, losses, metrics, regularizers
+from hpcdist.nn import (
+    activations,
+    backend,
+    initializers,
+    losses,
+    metrics,
+    mixed_precision,
+    regularizers,
+)
 from hpcdist.nn import confusion_metrics as confusion_metrics  # registers Precision, Recall, AUC
 from hpcdist.nn.autodiff import value_and_grad
 from hpcdist.nn.embedding import Embedding
@@ -46,6 +54,7 @@ __all__ = [
     "load_model",
     "losses",
     "metrics",
+    "mixed_precision",
     "regularizers",
     "scale_regularization_loss",
     "value_and_grad",

@@ -50,9 +50,6 @@ def epsilon() -> float:
 
 
 def set_epsilon(value: float) -> None:
-    """Set the fuzz factor returned by :func:`epsilon`.
-
-    Example: ``set_epsilon(1e-8)``.
-    """
+    """Set the fuzz factor returned by :func:`epsilon`."""
     global _epsilon
     _epsilon = float(value)

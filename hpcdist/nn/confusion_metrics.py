@@ -31,7 +31,7 @@ from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, to_host
 from hpcdist.nn import backend
-from hpcdist.nn.metrics import Metric, _add, _plain, _same_rank, register_metric_class
+from hpcdist.nn.metrics import Metric, accumulate, plain_value, register_metric_class, same_rank
 
 __all__ = ["AUC", "Precision", "Recall"]
 
@@ -69,7 +69,7 @@ def confusion_counts(
     Example: ``confusion_counts(np.array([1, 0]), np.array([0.9, 0.8]), np.array([0.5]))["fp"]``
     is ``array([1.])``.
     """
-    t, p = _same_rank(y_true, y_pred)
+    t, p = same_rank(y_true, y_pred)
     t, p = to_host(t), to_host(p)  # small counts: computed on the host, added to host state
     xp = np
     p = p.astype(np.float64, copy=False)
@@ -87,7 +87,7 @@ def confusion_counts(
     if sample_weight is None:
         w = xp.ones(p.shape, np.float64)
     else:
-        w = np.asarray(to_host(_plain(sample_weight))).astype(np.float64)
+        w = np.asarray(to_host(plain_value(sample_weight))).astype(np.float64)
         if w.ndim == p.ndim + 1 and w.shape[-1] == 1:
             w = w[..., 0]
         while w.ndim < p.ndim:
@@ -141,7 +141,7 @@ class _ThresholdMetric(Metric):
         counts = confusion_counts(y_true, y_pred, self.thresholds, sample_weight, self.top_k,
                                   self.class_id)  # fmt: skip
         for name, var in zip(self._counts, self._state, strict=True):
-            _add(var, counts[name])
+            accumulate(var, counts[name])
 
     def _result(self, state: list[np.ndarray]) -> Any:
         a, b = (np.asarray(to_host(s), np.float64) for s in state)
@@ -248,13 +248,13 @@ class AUC(Metric):
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         """Add this batch's counts at every threshold."""
-        p = _plain(y_pred)
+        p = plain_value(y_pred)
         if self.from_logits:
             xp = array_module(p)
             p = 1.0 / (1.0 + xp.exp(-p.astype(np.float64)))
         counts = confusion_counts(y_true, p, self.thresholds, sample_weight)
         for name, var in zip(("tp", "fp", "tn", "fn"), self._state, strict=True):
-            _add(var, counts[name])
+            accumulate(var, counts[name])
 
     def _result(self, state: list[np.ndarray]) -> float:
         tp, fp, tn, fn = (np.asarray(to_host(s), np.float64) for s in state)

@@ -105,8 +105,6 @@ def as_dataset(
 
     A dataset ``x`` must already be batched and carry ``(x, y[, sample_weight])``
     elements; then ``y``, ``sample_weight`` and ``batch_size`` must be ``None``.
-
-    Example: ``as_dataset(x, y, batch_size=64, shuffle=True, seed=7)``.
     """
     if is_dataset(x):
         for name, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
@@ -146,10 +144,7 @@ def _host(x: Any) -> Any:
 
 
 def split_validation(x: Any, y: Any, sample_weight: Any, fraction: float) -> tuple[tuple, tuple]:
-    """Keras's ``validation_split``: the last ``fraction`` of the rows, taken before shuffling.
-
-    Example: ``(tx, ty, tw), (vx, vy, vw) = split_validation(x, y, None, 0.2)``.
-    """
+    """Keras's ``validation_split``: the last ``fraction`` of the rows, taken before shuffling."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"validation_split must be in (0, 1), got {fraction!r}")
     if is_dataset(x):

@@ -27,7 +27,7 @@ from numpy.typing import DTypeLike
 from hpcdist.arrays import array_module, asarray, is_cupy, to_host
 from hpcdist.nn import initializers as initializers_mod
 from hpcdist.nn import regularizers as regularizers_mod
-from hpcdist.nn.layers import Layer, _check_shape
+from hpcdist.nn.layers import Layer, check_shape
 
 __all__ = ["Embedding"]
 
@@ -79,7 +79,7 @@ class Embedding(Layer):
         return (*tuple(input_shape), self.output_dim)
 
     def _ids(self, x: Any, xp: Any) -> Any:
-        ids = asarray(x._read() if hasattr(x, "_read") else x)
+        ids = asarray(x.raw_value() if hasattr(x, "raw_value") else x)
         if xp is np and is_cupy(ids):
             ids = to_host(ids)
         elif xp is not np and not is_cupy(ids):
@@ -105,7 +105,7 @@ class Embedding(Layer):
 
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
         self._require_built()
-        table = self.embeddings._read()
+        table = self.embeddings.raw_value()
         xp = array_module(table)
         ids = self._ids(x, xp)
         return xp.take(table, ids, axis=0), (ids, table.shape, table.dtype)
@@ -114,7 +114,7 @@ class Embedding(Layer):
         ids, shape, dtype = cache
         xp = array_module(ids)
         dy = xp.asarray(dy).astype(dtype, copy=False)
-        _check_shape(f"Embedding layer {self.name!r}", (*ids.shape, self.output_dim), dy.shape)
+        check_shape(f"Embedding layer {self.name!r}", (*ids.shape, self.output_dim), dy.shape)
         grads = []
         if self._trainable:
             g = xp.zeros(shape, dtype)

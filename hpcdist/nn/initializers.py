@@ -299,10 +299,7 @@ class GlorotNormal(_Preset):
 
 
 class HeNormal(_Preset):
-    """Truncated normal with ``stddev = sqrt(2 / fan_in)`` (for ReLU layers).
-
-    Example: ``Dense(64, activation="relu", kernel_initializer="he_normal")``.
-    """
+    """Truncated normal with ``stddev = sqrt(2 / fan_in)`` (for ReLU layers)."""
 
     _ARGS = (2.0, "fan_in", "truncated_normal")
 
@@ -317,10 +314,7 @@ class HeUniform(_Preset):
 
 
 class LecunNormal(_Preset):
-    """Truncated normal with ``stddev = sqrt(1 / fan_in)`` (for SELU layers).
-
-    Example: ``Dense(64, activation="selu", kernel_initializer="lecun_normal")``.
-    """
+    """Truncated normal with ``stddev = sqrt(1 / fan_in)`` (for SELU layers)."""
 
     _ARGS = (1.0, "fan_in", "truncated_normal")
 

@@ -6,7 +6,7 @@ Input, Flatten (normalization: :mod:`hpcdist.nn.normalization`; Embedding:
 returns ``(dx, grads)``, ``grads`` aligned with ``layer.trainable_weights``.
 Both are pure: nothing is stored on the layer, so the replicas of a
 ``MirroredStrategy`` can run one layer at the same time on their threads.
-Weights are read with ``var._read()``, which inside ``strategy.run`` is the
+Weights are read with ``var.raw_value()``, which inside ``strategy.run`` is the
 current replica's copy. Inputs are cast to the layer's dtype
 (:func:`hpcdist.nn.backend.floatx` unless given).
 
@@ -35,7 +35,7 @@ from hpcdist.arrays import array_module, asarray, is_array, is_cupy, to_host
 from hpcdist.distribute import context
 from hpcdist.distribute.variables import Variable, VariableAggregation, VariableSynchronization
 from hpcdist.nn import activations as activations_mod
-from hpcdist.nn import backend
+from hpcdist.nn import backend, mixed_precision
 from hpcdist.nn import initializers as initializers_mod
 from hpcdist.nn import regularizers as regularizers_mod
 
@@ -75,7 +75,7 @@ def cast_input(x: Any, dtype: str, xp: Any = None) -> Any:
     Example: ``cast_input([1, 2], "float32")`` is ``array([1., 2.], dtype=float32)``.
     """
     if not is_array(x):
-        x = asarray(x._read() if isinstance(x, Variable) else x)
+        x = asarray(x.raw_value() if isinstance(x, Variable) else x)
     if xp is None:
         xp = array_module(x)
     elif xp is np and is_cupy(x):
@@ -104,7 +104,7 @@ def check_build_context(what: str, how: str) -> None:
         )
 
 
-def _check_shape(what: str, expected: tuple, found: tuple) -> None:
+def check_shape(what: str, expected: tuple, found: tuple) -> None:
     if tuple(found) != tuple(expected):
         raise ValueError(
             f"{what}: the output gradient dy has shape {tuple(found)}, but the layer's output had "
@@ -143,7 +143,10 @@ class Layer:
         self._base_name = snake_case(type(self).__name__)
         self._trainable = bool(trainable)
         self.built = False
-        self.dtype = resolve_dtype(dtype)
+        variable, compute = mixed_precision.layer_dtypes(dtype)
+        self.dtype = resolve_dtype(dtype if variable is None else variable)
+        #: The dtype the layer computes in (a mixed policy's 16-bit type; else :attr:`dtype`).
+        self.compute_dtype = self.dtype if compute is None else compute
         self._trainable_weights: list[Variable] = []
         self._non_trainable_weights: list[Variable] = []
         self._regularized: list[tuple[Variable, Any]] = []
@@ -192,10 +195,7 @@ class Layer:
 
     # -- building ----------------------------------------------------------------------
     def build(self, input_shape: tuple) -> None:
-        """Create the weights for inputs of ``input_shape`` (batch dimension included).
-
-        Example: ``layer.build((None, 10))``.
-        """
+        """Create the weights for inputs of ``input_shape`` (batch dimension included)."""
         self.built = True
 
     def _build(self, input_shape: tuple) -> None:
@@ -223,8 +223,6 @@ class Layer:
 
         A ``regularizer`` (:mod:`hpcdist.nn.regularizers`) adds its penalty of
         the weight to :attr:`losses`.
-
-        Example: ``self.kernel = self.add_weight("kernel", (n_in, n_out), "glorot_uniform")``.
         """
         if self._name is None:
             self._name = self._base_name
@@ -258,7 +256,7 @@ class Layer:
 
         Example: ``Dense(2, kernel_regularizer="l2").losses`` after building.
         """
-        return [reg(var._read()) for var, reg in self._regularized]
+        return [reg(var.raw_value()) for var, reg in self._regularized]
 
     def compute_output_shape(self, input_shape: tuple) -> tuple:
         """The output shape for ``input_shape`` (the same, unless a subclass says otherwise).
@@ -344,8 +342,6 @@ class InputLayer(Layer):
 
     ``Sequential([InputLayer((10,)), Dense(1)])`` builds at construction; the
     input layer is not listed in ``model.layers`` (as in Keras).
-
-    Example: ``InputLayer((28 * 28,))``.
     """
 
     def __init__(
@@ -436,7 +432,9 @@ class Dense(Layer):
 
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
         self._require_built()
-        w = self.kernel._read()
+        w = self.kernel.raw_value()
+        if self.compute_dtype != self.dtype:  # mixed precision: a 16-bit copy of the weights
+            return self._forward_mixed(x, w)
         x = cast_input(x, self.dtype, array_module(w))
         if x.ndim == 0 or x.shape[-1] != w.shape[0]:
             raise ValueError(
@@ -445,7 +443,24 @@ class Dense(Layer):
             )
         z = x @ w
         if self.bias is not None:
-            z += self.bias._read()
+            z += self.bias.raw_value()
+        y, act_cache = self.activation.forward(z)
+        return y, (x, w, act_cache)
+
+    def _forward_mixed(self, x: Any, w: Any) -> tuple[Any, Any]:
+        """The forward pass in :attr:`compute_dtype` (matmuls accumulate in float32)."""
+        compute = mixed_precision.compute_array_dtype(self.compute_dtype)
+        xp = array_module(w)
+        x = cast_input(x, self.dtype, xp)
+        if x.ndim == 0 or x.shape[-1] != w.shape[0]:
+            raise ValueError(
+                f"Dense layer {self.name!r} expects inputs whose last dimension is {w.shape[0]}; "
+                f"found input shape {tuple(x.shape)}"
+            )
+        x, w = x.astype(compute), w.astype(compute)
+        z = (x @ w).astype(compute, copy=False)
+        if self.bias is not None:
+            z = z + self.bias.raw_value().astype(compute)
         y, act_cache = self.activation.forward(z)
         return y, (x, w, act_cache)
 
@@ -459,9 +474,11 @@ class Dense(Layer):
         self, cache: Any, dy: Any, need_dx: bool, out: list[Any] | None = None
     ) -> tuple[Any, list[Any]]:
         x, w, act_cache = cache
+        if self.compute_dtype != self.dtype:
+            return self._backward_mixed(cache, dy, need_dx, out)
         xp = array_module(w)
         dy = cast_input(dy, self.dtype, xp)
-        _check_shape(f"Dense layer {self.name!r}", (*x.shape[:-1], self.units), dy.shape)
+        check_shape(f"Dense layer {self.name!r}", (*x.shape[:-1], self.units), dy.shape)
         dz = self.activation.backward(act_cache, dy)
         grads = []
         if self._trainable:
@@ -476,6 +493,34 @@ class Dense(Layer):
                 if self.bias is not None:
                     grads.append(xp.sum(dz2, axis=0, out=out[1]))
         dx = dz @ w.T if need_dx else None
+        return dx, grads
+
+    def _backward_mixed(
+        self, cache: Any, dy: Any, need_dx: bool, out: list[Any] | None
+    ) -> tuple[Any, list[Any]]:
+        """Gradients of the mixed forward: computed in 16 bits (float32 matmul sums),
+        handed back in the variables' dtype; ``dx`` in the compute dtype."""
+        with np.errstate(over="ignore", invalid="ignore"):  # loss scaling finds overflows
+            return self._backward_mixed_ignoring(cache, dy, need_dx, out)
+
+    def _backward_mixed_ignoring(
+        self, cache: Any, dy: Any, need_dx: bool, out: list[Any] | None
+    ) -> tuple[Any, list[Any]]:
+        x, w, act_cache = cache
+        compute = x.dtype
+        dy = dy.astype(compute, copy=False)
+        dz = self.activation.backward(act_cache, dy).astype(compute, copy=False)
+        grads = []
+        if self._trainable:
+            x2, dz2 = x.reshape(-1, x.shape[-1]), dz.reshape(-1, self.units)
+            grads.append((x2.T @ dz2).astype(self.dtype))
+            if self.bias is not None:
+                grads.append(dz2.astype(self.dtype).sum(axis=0))
+            if out is not None:
+                for target, g in zip(out, grads, strict=False):
+                    target[...] = g
+                grads = list(out[: len(grads)])
+        dx = (dz @ w.T).astype(compute, copy=False) if need_dx else None
         return dx, grads
 
     def get_config(self) -> dict[str, Any]:
@@ -518,7 +563,7 @@ class Activation(Layer):
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
         act_cache, shape = cache
         dy = cast_input(dy, self.dtype)
-        _check_shape(f"Activation layer {self.name!r}", shape, dy.shape)
+        check_shape(f"Activation layer {self.name!r}", shape, dy.shape)
         return self.activation.backward(act_cache, dy), []
 
     def get_config(self) -> dict[str, Any]:
@@ -595,7 +640,7 @@ class Dropout(Layer):
         dy = cast_input(dy, self.dtype)
         if cache is None:
             return dy, []
-        _check_shape(f"Dropout layer {self.name!r}", cache.shape, dy.shape)
+        check_shape(f"Dropout layer {self.name!r}", cache.shape, dy.shape)
         return dy * cache, []
 
     def get_config(self) -> dict[str, Any]:
@@ -650,5 +695,5 @@ class Flatten(Layer):
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
         dy = cast_input(dy, self.dtype)
         expected = (cache[0], int(np.prod(cache[1:], dtype=np.int64)))
-        _check_shape(f"Flatten layer {self.name!r}", expected, dy.shape)
+        check_shape(f"Flatten layer {self.name!r}", expected, dy.shape)
         return dy.reshape(cache), []

@@ -5,8 +5,6 @@ optimizers are looked up by class name among hpcdist's own and the
 ``custom_objects`` given; nothing is unpickled or executed. This module builds
 ``Model``/``Sequential`` objects, so it sits above :mod:`hpcdist.nn.model`
 (which saves through :mod:`hpcdist.nn.saving`).
-
-Example: ``with strategy.scope(): model = hd.nn.load_model("runs/model.keras")``.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from hpcdist.distribute import context
 from hpcdist.errors import CheckpointError
 from hpcdist.nn import embedding, layers, losses, metrics, normalization
 from hpcdist.nn.model import Model
-from hpcdist.nn.saving import _ARCH, FORMAT, VERSION, _objects, _prefix
+from hpcdist.nn.saving import ARCH_KEY, FORMAT, VERSION, path_prefix, saved_objects
 from hpcdist.nn.sequential import Sequential
 
 __all__ = ["load_model"]
@@ -38,7 +36,7 @@ def _read_config(prefix: str, strategy: Any) -> dict:
             try:
                 manifest = read_manifest(prefix)
                 workers = manifest["meta"]["per_worker"]
-                config = workers[0].get(_ARCH) if workers else None
+                config = workers[0].get(ARCH_KEY) if workers else None
                 if not isinstance(config, dict) or config.get("format") != FORMAT:
                     raise CheckpointError(
                         f"{prefix!r} is a checkpoint but not a model saved by model.save (it "
@@ -137,7 +135,7 @@ def load_model(
     """
 
     custom = dict(custom_objects or {})
-    _, prefix = _prefix(filepath)
+    _, prefix = path_prefix(filepath)
     strategy = context.get_strategy()
     config = _read_config(prefix, strategy)
     model = _model_from_config(config, custom)
@@ -148,9 +146,9 @@ def load_model(
             loss=_loss_from_config(compile_config["loss"], custom),
             metrics=[_metric_from_config(m, custom) for m in compile_config.get("metrics", [])],
         )
-        with model._strategy_scope():
+        with model._scope():
             model.optimizer.build(model.trainable_variables)  # the slots exist before restoring
-    objects = _objects(model, None)
+    objects = saved_objects(model, None)
     if compile_config is None:
         objects.pop("optimizer", None)
     Checkpoint(**objects).read(prefix)

@@ -56,10 +56,7 @@ def _epsilon() -> float:
 
 # -- reductions and the distribution check ------------------------------------------------------
 class Reduction:
-    """How a loss object reduces per-example losses (``tf.keras.losses.Reduction``).
-
-    Example: ``BinaryCrossentropy(reduction=Reduction.SUM)``.
-    """
+    """How a loss object reduces per-example losses (``tf.keras.losses.Reduction``)."""
 
     AUTO = "auto"
     NONE = "none"
@@ -76,10 +73,7 @@ class Reduction:
 
     @classmethod
     def validate(cls, key: Any) -> None:
-        """Raise ``ValueError`` unless ``key`` is a valid reduction.
-
-        Example: ``Reduction.validate("sum")``.
-        """
+        """Raise ``ValueError`` unless ``key`` is a valid reduction."""
         if key not in cls.all():
             raise ValueError(
                 f"invalid reduction {key!r}; expected one of {', '.join(map(repr, cls.all()))} "
@@ -518,10 +512,7 @@ class Loss:
 
 
 class LossFunctionWrapper(Loss):
-    """A loss object around a per-example function ``fn(y_true, y_pred, **kwargs)``.
-
-    Example: ``LossFunctionWrapper(mean_squared_error, reduction="sum", name="mse")``.
-    """
+    """A loss object around a per-example function ``fn(y_true, y_pred, **kwargs)``."""
 
     def __init__(
         self,

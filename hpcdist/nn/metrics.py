@@ -44,11 +44,12 @@ from hpcdist.nn import losses as losses_mod
 from hpcdist.nn.tape import Traced
 
 
-def _plain(x: Any) -> Any:
+def plain_value(x: Any) -> Any:
+    """``x`` as an array: a traced value's value, a variable's stored array, else ``asarray``."""
     if isinstance(x, Traced):
         return x.value
     if isinstance(x, Variable):
-        return x._read()
+        return x.raw_value()
     return asarray(x)
 
 
@@ -59,7 +60,7 @@ def _snake(name: str) -> str:
 def _component(var: Variable) -> Variable:
     """The copy of ``var`` this context writes: its own replica's, else the first one."""
     if isinstance(var, DistributedVariable):
-        local_id = var._local_id()
+        local_id = var.local_replica_id()
         return var.values[0 if local_id is None else local_id]
     return var
 
@@ -67,9 +68,10 @@ def _component(var: Variable) -> Variable:
 _plain_lock = threading.Lock()  # replica threads may share a metric made outside any scope
 
 
-def _add(var: Variable, delta: Any) -> None:
+def accumulate(var: Variable, delta: Any) -> None:
+    """Add ``delta`` to the copy of the metric variable ``var`` this replica writes."""
     comp = _component(var)
-    if is_cupy(delta) and not is_cupy(comp._read()) and comp._device is None:
+    if is_cupy(delta) and not is_cupy(comp.raw_value()):
         delta = to_host(delta)
     if comp is var:
         with _plain_lock:
@@ -80,12 +82,12 @@ def _add(var: Variable, delta: Any) -> None:
 
 def _local_value(var: Variable) -> np.ndarray:
     if isinstance(var, DistributedVariable):
-        return to_host(_component(var)._read())
-    return to_host(var._read())
+        return to_host(_component(var).raw_value())
+    return to_host(var.raw_value())
 
 
 def _needs_reduction(var: Variable) -> bool:
-    return isinstance(var, SyncOnReadVariable) and var._local_id() is None
+    return isinstance(var, SyncOnReadVariable) and var.local_replica_id() is None
 
 
 class Metric:
@@ -106,10 +108,7 @@ class Metric:
         self._variables: list[Variable] = []
 
     def add_weight(self, name: str, shape: tuple[int, ...] = ()) -> Variable:
-        """A zero state variable, sync-on-read with SUM aggregation in a strategy scope.
-
-        Example: ``self.total = self.add_weight("total")``.
-        """
+        """A zero state variable, sync-on-read with SUM aggregation in a strategy scope."""
         var = Variable(
             np.zeros(shape, dtype=self.dtype),
             name=f"{self.name}/{name}",
@@ -148,7 +147,7 @@ class Metric:
         Example: ``m.reset_state()`` at the start of an epoch.
         """
         for var in self._variables:
-            if isinstance(var, DistributedVariable) and var._local_id() is None:
+            if isinstance(var, DistributedVariable) and var.local_replica_id() is None:
                 comps: Sequence[Variable] = var.values
             else:
                 comps = [_component(var)]
@@ -176,12 +175,12 @@ class Metric:
 
 def _weighted(values: Any, sample_weight: Any, reduce: str) -> tuple[Any, Any]:
     """``(values * weights, weights broadcast to them)`` as float64 (Keras's rank rules)."""
-    v = _plain(values)
+    v = plain_value(values)
     xp = array_module(v)
     v = v.astype(np.float64, copy=False)
     if sample_weight is None:
         return v, None
-    w = xp.asarray(_plain(sample_weight)).astype(np.float64, copy=False)
+    w = xp.asarray(plain_value(sample_weight)).astype(np.float64, copy=False)
     if w.ndim > 0:
         if w.ndim == v.ndim + 1 and w.shape[-1] == 1:
             w = w[..., 0]
@@ -213,7 +212,7 @@ class Sum(Metric):
     def update_state(self, values: Any, sample_weight: Any = None) -> None:
         """Add ``sum(values * sample_weight)``."""
         v, _ = _weighted(values, sample_weight, "sum")
-        _add(self.total, array_module(v).sum(v))
+        accumulate(self.total, array_module(v).sum(v))
 
     def _result(self, state: list[np.ndarray]) -> float:
         return float(state[0])
@@ -237,8 +236,8 @@ class Mean(Metric):
         """Add ``values`` (any shape) with optional weights."""
         v, w = _weighted(values, sample_weight, "mean")
         xp = array_module(v)
-        _add(self.total, xp.sum(v))
-        _add(self.count, np.float64(v.size) if w is None else xp.sum(w))
+        accumulate(self.total, xp.sum(v))
+        accumulate(self.count, np.float64(v.size) if w is None else xp.sum(w))
 
     def _result(self, state: list[np.ndarray]) -> float:
         total, count = float(state[0]), float(state[1])
@@ -246,10 +245,7 @@ class Mean(Metric):
 
 
 class MeanMetricWrapper(Mean):
-    """The mean of ``fn(y_true, y_pred, **kwargs)`` over all examples seen.
-
-    Example: ``MeanMetricWrapper(losses.mean_squared_error, name="mse")``.
-    """
+    """The mean of ``fn(y_true, y_pred, **kwargs)`` over all examples seen."""
 
     def __init__(
         self,
@@ -269,8 +265,8 @@ class MeanMetricWrapper(Mean):
         self, y_true: Any, y_pred: Any, sample_weight: Any = None
     ) -> None:
         """Add the per-example values of ``fn`` for this batch."""
-        y_pred = _plain(y_pred)
-        y_true = array_module(y_pred).asarray(_plain(y_true))
+        y_pred = plain_value(y_pred)
+        y_true = array_module(y_pred).asarray(plain_value(y_true))
         super().update_state(self._fn(y_true, y_pred, **self._fn_kwargs), sample_weight)
 
     def get_config(self) -> dict[str, Any]:
@@ -278,10 +274,10 @@ class MeanMetricWrapper(Mean):
 
 
 # -- matching functions ---------------------------------------------------------------------------
-def _same_rank(y_true: Any, y_pred: Any) -> tuple[Any, Any]:
+def same_rank(y_true: Any, y_pred: Any) -> tuple[Any, Any]:
     """Add or drop a trailing size-1 axis of ``y_true`` to match ``y_pred``'s rank."""
     xp = array_module(y_pred)
-    t, p = xp.asarray(_plain(y_true)), _plain(y_pred)
+    t, p = xp.asarray(plain_value(y_true)), plain_value(y_pred)
     if t.ndim == p.ndim - 1 and p.shape[-1] == 1:
         t = xp.expand_dims(t, -1)
     elif t.ndim == p.ndim + 1 and t.shape[-1] == 1:
@@ -294,7 +290,7 @@ def accuracy(y_true: Any, y_pred: Any) -> Any:
 
     Example: ``accuracy(np.array([1, 2]), np.array([1, 3]))`` is ``array([1., 0.])``.
     """
-    t, p = _same_rank(y_true, y_pred)
+    t, p = same_rank(y_true, y_pred)
     if p.dtype != t.dtype:
         p = p.astype(t.dtype)
     return (t == p).astype(np.float64)
@@ -308,7 +304,7 @@ def binary_accuracy(y_true: Any, y_pred: Any, threshold: float = 0.5) -> Any:
     Example: ``binary_accuracy(np.array([[1], [0]]), np.array([[0.7], [0.6]]))`` is
     ``array([1., 0.])``.
     """
-    t, p = _same_rank(y_true, y_pred)
+    t, p = same_rank(y_true, y_pred)
     xp = array_module(p)
     matches = (t.astype(np.float64) == (p > threshold).astype(np.float64)).astype(np.float64)
     return matches if matches.ndim <= 1 else xp.mean(matches, axis=-1)
@@ -320,9 +316,9 @@ def categorical_accuracy(y_true: Any, y_pred: Any) -> Any:
     Example: ``categorical_accuracy(np.array([[0, 1]]), np.array([[0.3, 0.7]]))`` is
     ``array([1.])``.
     """
-    p = _plain(y_pred)
+    p = plain_value(y_pred)
     xp = array_module(p)
-    t = xp.asarray(_plain(y_true))
+    t = xp.asarray(plain_value(y_true))
     if tuple(t.shape) != tuple(p.shape):
         raise ValueError(
             f"categorical_accuracy: y_true has shape {tuple(t.shape)} but y_pred has shape "
@@ -337,9 +333,9 @@ def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> Any:
     Example: ``sparse_categorical_accuracy(np.array([1, 0]), np.array([[0.3, 0.7],
     [0.2, 0.8]]))`` is ``array([1., 0.])``.
     """
-    p = _plain(y_pred)
+    p = plain_value(y_pred)
     xp = array_module(p)
-    t = xp.asarray(_plain(y_true))
+    t = xp.asarray(plain_value(y_true))
     if t.ndim == p.ndim and t.shape[-1] == 1:
         t = t[..., 0]
     if tuple(t.shape) != tuple(p.shape[:-1]):
@@ -359,9 +355,9 @@ def top_k_categorical_accuracy(y_true: Any, y_pred: Any, k: int = 5) -> Any:
     Example: ``top_k_categorical_accuracy(np.array([[0, 0, 1]]), np.array([[0.5, 0.3, 0.2]]),
     k=2)`` is ``array([0.])``.
     """
-    p = _plain(y_pred)
+    p = plain_value(y_pred)
     xp = array_module(p)
-    t = xp.asarray(_plain(y_true))
+    t = xp.asarray(plain_value(y_true))
     if tuple(t.shape) != tuple(p.shape):
         raise ValueError(
             f"top_k_categorical_accuracy: y_true has shape {tuple(t.shape)} but y_pred has shape "
@@ -376,9 +372,9 @@ def sparse_top_k_categorical_accuracy(y_true: Any, y_pred: Any, k: int = 5) -> A
     Example: ``sparse_top_k_categorical_accuracy(np.array([1]), np.array([[0.5, 0.3, 0.2]]),
     k=2)`` is ``array([1.])``.
     """
-    p = _plain(y_pred)
+    p = plain_value(y_pred)
     xp = array_module(p)
-    t = xp.asarray(_plain(y_true))
+    t = xp.asarray(plain_value(y_true))
     if t.ndim == p.ndim and t.shape[-1] == 1:
         t = t[..., 0]
     return _in_top_k(p, t.astype(np.int64), k)
@@ -608,12 +604,12 @@ def results(metrics: Sequence[Metric]) -> list[float]:
                 continue
             seen.add(id(var))
             if _needs_reduction(var):
-                strategy = var._distribute_strategy
+                strategy = var.distribute_strategy
                 groups.setdefault(id(strategy), (strategy, []))[1].append(var)
             else:
                 state[id(var)] = _local_value(var)
     for strategy, variables in groups.values():
-        reduced = strategy.extended._reduce_leaves(ReduceOp.SUM, variables)
+        reduced = strategy.extended.reduce_leaves(ReduceOp.SUM, variables)
         for var, value in zip(variables, reduced, strict=True):
             state[id(var)] = to_host(value)
     return [m._result([state[id(v)] for v in m._variables]) for m in metrics]

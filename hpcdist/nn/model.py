@@ -214,8 +214,6 @@ class Model:
 
         Weights are created in the scope of ``distribute_strategy`` (entered if
         needed); inside ``strategy.run`` this is an error.
-
-        Example: ``model.build((None, 784))``.
         """
         if input_shape is None:
             input_shape = self._batch_input_shape
@@ -253,8 +251,6 @@ class Model:
 
         Builds the model from ``x.shape`` first when it is not built (only
         outside ``strategy.run``).
-
-        Example: ``y, caches = model.forward(x, training=True)``.
         """
         if not self.built:
             x = asarray(x)
@@ -273,8 +269,6 @@ class Model:
 
         The list is aligned with :attr:`trainable_variables`. Layers below the
         first trainable one are not visited.
-
-        Example: ``grads = model.backward(caches, dL_dy)``.
         """
         if not (isinstance(caches, tuple) and len(caches) == 2 and isinstance(caches[0], tuple)):
             raise TypeError("caches must be the second value returned by model.forward(x)")
@@ -321,7 +315,7 @@ class Model:
         variables = self.trainable_variables
         if not variables:
             return None
-        arrays = [v._read() for v in variables]
+        arrays = [v.raw_value() for v in variables]
         dtype = arrays[0].dtype
         if any(a.dtype != dtype for a in arrays):
             return None
@@ -345,10 +339,7 @@ class Model:
         return views
 
     def __call__(self, x: Any, training: bool = False) -> Any:
-        """The output for ``x`` (``forward(x, training)[0]``).
-
-        Example: ``probabilities = model(x)``.
-        """
+        """The output for ``x`` (``forward(x, training)[0]``)."""
         return self.forward(x, training)[0]
 
     # -- variables ---------------------------------------------------------------------------
@@ -388,7 +379,7 @@ class Model:
         position = {id(v): i for i, v in enumerate(self.trainable_variables)}
         total = 0.0
         for var, reg in terms:
-            w = var._read()
+            w = var.raw_value()
             total += float(to_host(reg(w)))
             i = position.get(id(var))
             if grads is None or i is None:
@@ -426,7 +417,7 @@ class Model:
 
         Example: ``snapshot = model.get_weights(); ...; model.set_weights(snapshot)``.
         """
-        return [np.array(to_host(v._read()), copy=True) for v in self.weights]
+        return [np.array(to_host(v.raw_value()), copy=True) for v in self.weights]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Assign ``weights`` (as from :meth:`get_weights`) to every replica's copy.
@@ -444,7 +435,7 @@ class Model:
                 f"set_weights got {len(weights)} arrays, but model {self.name!r} has "
                 f"{len(variables)} weights ({', '.join(v.name for v in variables)})"
             )
-        values = [asarray(w._read() if isinstance(w, Variable) else w) for w in weights]
+        values = [asarray(w.raw_value() if isinstance(w, Variable) else w) for w in weights]
         for v, w in zip(variables, values, strict=True):
             if tuple(w.shape) != tuple(v.shape):
                 raise ValueError(
@@ -468,8 +459,6 @@ class Model:
         the arrays (no pickle); :func:`hpcdist.nn.load_model` restores it on any
         number of workers. Collective under a multi-worker strategy (every
         worker calls it; the chief writes). See :mod:`hpcdist.nn.saving`.
-
-        Example: ``model.save("runs/model.keras")``.
         """
 
         save_model(self, filepath, overwrite=overwrite)
@@ -483,8 +472,6 @@ class Model:
         ``filepath`` (no suffix added), through a temporary file, ``fsync`` and
         ``os.replace`` (:func:`hpcdist.runtime.atomic.atomic_write`). Sync-on-read
         weights are saved as the first local replica's copy.
-
-        Example: ``model.save_weights("ckpt/weights.npz")``.
         """
         self._require_built("save_weights")
         if not self._distribute_strategy.extended.should_checkpoint:
@@ -500,7 +487,7 @@ class Model:
         arrays = {}
         for v in variables:
             source = v.values[0] if isinstance(v, DistributedVariable) else v
-            arrays[v.name] = to_host(source._read())
+            arrays[v.name] = to_host(source.raw_value())
         path = os.fspath(filepath)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         header = {_FORMAT_KEY: np.array(_FORMAT), _NAMES_KEY: np.array(names, dtype=str)}
@@ -513,8 +500,6 @@ class Model:
         The file must hold the same weight names, in the same order, with the
         same shapes; otherwise a ``ValueError`` names the first mismatch and
         nothing is assigned.
-
-        Example: ``model.load_weights("ckpt/weights.npz")``.
         """
         self._require_built("load_weights")
         path = os.fspath(filepath)
@@ -564,8 +549,6 @@ class Model:
 
         With no ``print_fn`` it prints on the chief only; a given ``print_fn``
         is called on every worker, once per line.
-
-        Example: ``model.summary(print_fn=lines.append)``.
         """
         if not self.built:
             raise ValueError(

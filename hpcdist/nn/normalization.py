@@ -34,7 +34,7 @@ from hpcdist.distribute import context
 from hpcdist.distribute.variables import Variable, VariableAggregation, VariableSynchronization
 from hpcdist.nn import initializers as initializers_mod
 from hpcdist.nn import regularizers as regularizers_mod
-from hpcdist.nn.layers import Layer, _check_shape, cast_input
+from hpcdist.nn.layers import Layer, cast_input, check_shape
 
 __all__ = ["BatchNormalization", "LayerNormalization"]
 
@@ -238,15 +238,15 @@ class BatchNormalization(_Normalization):
         return mean.astype(x.dtype), var.astype(x.dtype), n
 
     def _update_moving(self, mean: Any, var: Any) -> None:
-        m = self.moving_mean._read()
+        m = self.moving_mean.raw_value()
         keep, new = m.dtype.type(self.momentum), m.dtype.type(1.0 - self.momentum)
         self.moving_mean.assign(m * keep + mean.astype(m.dtype) * new)
-        v = self.moving_variance._read()
+        v = self.moving_variance.raw_value()
         self.moving_variance.assign(v * keep + var.astype(v.dtype) * new)
 
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
         self._require_built()
-        ref = self.moving_mean._read()
+        ref = self.moving_mean.raw_value()
         x = cast_input(x, self.dtype, array_module(ref))
         reduce, shape = self._layout(x)
         xp = array_module(x)
@@ -259,28 +259,28 @@ class BatchNormalization(_Normalization):
                 return x, ("empty", x.shape)
             self._update_moving(mean, var)
         else:
-            mean, var = ref, self.moving_variance._read()
+            mean, var = ref, self.moving_variance.raw_value()
         inv = (1.0 / xp.sqrt(var.astype(x.dtype) + x.dtype.type(self.epsilon))).reshape(shape)
         xhat = (x - mean.astype(x.dtype).reshape(shape)) * inv
         y = xhat
         if self.gamma is not None:
-            y = y * self.gamma._read().reshape(shape)
+            y = y * self.gamma.raw_value().reshape(shape)
         if self.beta is not None:
-            y = y + self.beta._read().reshape(shape)
+            y = y + self.beta.raw_value().reshape(shape)
         return y, (xhat, inv, reduce, shape, batch, n, ctx)
 
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
-        xp = array_module(self.moving_mean._read())
+        xp = array_module(self.moving_mean.raw_value())
         dy = cast_input(dy, self.dtype, xp)
         if isinstance(cache[0], str):  # "empty"
             # no examples on this replica (or, synchronized, on any: then no replica reduces)
-            _check_shape(f"BatchNormalization layer {self.name!r}", cache[1], dy.shape)
+            check_shape(f"BatchNormalization layer {self.name!r}", cache[1], dy.shape)
             grads = [xp.zeros(v.shape, dy.dtype) for v in self.trainable_weights]
             return dy, grads
         xhat, inv, reduce, shape, batch, n, ctx = cache
-        _check_shape(f"BatchNormalization layer {self.name!r}", xhat.shape, dy.shape)
+        check_shape(f"BatchNormalization layer {self.name!r}", xhat.shape, dy.shape)
         grads = self._affine_grads(dy, xhat, reduce, (-1,))
-        gamma = self.gamma._read().reshape(shape) if self.gamma is not None else 1.0
+        gamma = self.gamma.raw_value().reshape(shape) if self.gamma is not None else 1.0
         if not batch:
             return dy * gamma * inv, grads
         sum_dy = dy.sum(axis=reduce)
@@ -315,8 +315,6 @@ class LayerNormalization(_Normalization):
     ``axis`` (default ``-1``, or a list) names the axes normalized together;
     ``gamma`` and ``beta`` have their shape. No batch statistics: nothing to
     synchronize between replicas.
-
-    Example: ``LayerNormalization(epsilon=1e-6)``.
     """
 
     def __init__(
@@ -348,7 +346,7 @@ class LayerNormalization(_Normalization):
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
         self._require_built()
         weights = [w for w in (self.gamma, self.beta) if w is not None]
-        x = cast_input(x, self.dtype, array_module(weights[0]._read()) if weights else None)
+        x = cast_input(x, self.dtype, array_module(weights[0].raw_value()) if weights else None)
         axes, others, shape = self._layout(x)
         xp = array_module(x)
         mean = xp.mean(x, axis=axes, keepdims=True)
@@ -357,18 +355,18 @@ class LayerNormalization(_Normalization):
         xhat = (x - mean) * inv
         y = xhat
         if self.gamma is not None:
-            y = y * self.gamma._read().reshape(shape)
+            y = y * self.gamma.raw_value().reshape(shape)
         if self.beta is not None:
-            y = y + self.beta._read().reshape(shape)
+            y = y + self.beta.raw_value().reshape(shape)
         return y, (xhat, inv, axes, others, shape)
 
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
         xhat, inv, axes, others, shape = cache
         dy = cast_input(dy, self.dtype, array_module(xhat))
-        _check_shape(f"LayerNormalization layer {self.name!r}", xhat.shape, dy.shape)
+        check_shape(f"LayerNormalization layer {self.name!r}", xhat.shape, dy.shape)
         param_shape = tuple(xhat.shape[a] for a in axes)
         grads = self._affine_grads(dy, xhat, others, param_shape)
-        g = dy * self.gamma._read().reshape(shape) if self.gamma is not None else dy
+        g = dy * self.gamma.raw_value().reshape(shape) if self.gamma is not None else dy
         xp = array_module(g)
         mean_g = xp.mean(g, axis=axes, keepdims=True)
         mean_gx = xp.mean(g * xhat, axis=axes, keepdims=True)

@@ -80,10 +80,7 @@ class Regularizer:
 
 
 class L1L2(Regularizer):
-    """``l1 * sum(|x|) + l2 * sum(x**2)`` (``keras.regularizers.L1L2``).
-
-    Example: ``L1L2(l1=0.01, l2=0.001)``.
-    """
+    """``l1 * sum(|x|) + l2 * sum(x**2)`` (``keras.regularizers.L1L2``)."""
 
     def __init__(self, l1: float = 0.0, l2: float = 0.0) -> None:
         self.l1 = _factor("l1", l1)

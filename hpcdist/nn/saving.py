@@ -55,7 +55,7 @@ __all__ = ["model_config", "save_model"]
 FORMAT = "hpcdist.nn.saved_model"
 VERSION = 1
 _PREFIX = "model"
-_ARCH = "architecture"
+ARCH_KEY = "architecture"
 
 
 class _Architecture:
@@ -71,7 +71,7 @@ class _Architecture:
         return None
 
 
-def _prefix(filepath: Any) -> tuple[str, str]:
+def path_prefix(filepath: Any) -> tuple[str, str]:
     path = os.fspath(filepath)
     if path.endswith((".h5", ".hdf5")):
         raise ValueError(
@@ -142,8 +142,8 @@ def model_config(model: Any) -> dict:
 
 
 # -- saving and loading ----------------------------------------------------------------------
-def _objects(model: Any, config: dict | None) -> dict[str, Any]:
-    objects: dict[str, Any] = {_ARCH: _Architecture(config), "model": model}
+def saved_objects(model: Any, config: dict | None) -> dict[str, Any]:
+    objects: dict[str, Any] = {ARCH_KEY: _Architecture(config), "model": model}
     if getattr(model, "_compiled", False):
         objects["optimizer"] = model.optimizer
     return objects
@@ -163,7 +163,7 @@ def save_model(model: Any, filepath: str | os.PathLike, overwrite: bool = True) 
             f"model {model.name!r} is not built, so it has no weights to save: build it "
             "(model.build((None, features))) or train it first"
         )
-    path, prefix = _prefix(filepath)
+    path, prefix = path_prefix(filepath)
     config = model_config(model)
     strategy = model.distribute_strategy
     if not overwrite:
@@ -174,4 +174,4 @@ def save_model(model: Any, filepath: str | os.PathLike, overwrite: bool = True) 
                 f"{path!r} already holds a saved model and overwrite=False; remove it or pass "
                 "overwrite=True"
             )
-    Checkpoint(**_objects(model, config)).write(prefix)
+    Checkpoint(**saved_objects(model, config)).write(prefix)

@@ -32,7 +32,7 @@ from hpcdist.callbacks import CallbackList
 from hpcdist.callbacks.backup import FitState, find_backup
 from hpcdist.data.distributed import DistributedDataset
 from hpcdist.distribute import context
-from hpcdist.nn import data_adapter, losses
+from hpcdist.nn import data_adapter, losses, mixed_precision
 from hpcdist.nn import metrics as metrics_mod
 from hpcdist.nn.tape import Traced
 from hpcdist.utils.seeding import next_seed
@@ -64,6 +64,7 @@ class Trainer:
         def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]: ...
         def backward(self, caches: Any, dy: Any) -> list[Any]: ...
         def _regularization(self, grads: list[Any] | None, scale: float) -> float: ...
+        def _scope(self) -> Any: ...
 
     # -- compile ------------------------------------------------------------------------------
     def compile(
@@ -92,8 +93,11 @@ class Trainer:
         if loss is None:
             raise ValueError("compile needs a loss, e.g. loss='sparse_categorical_crossentropy'")
 
-        with self._strategy_scope():
-            self.optimizer = optimizers.get(optimizer)
+        with self._scope():
+            self.optimizer = (
+                optimizer if isinstance(optimizer, mixed_precision.LossScaleOptimizer)
+                else optimizers.get(optimizer)
+            )
             self.loss = loss
             self._loss_obj = losses.get(loss)
             self._loss_tracker = metrics_mod.Mean(name="loss")
@@ -125,12 +129,6 @@ class Trainer:
             return tuple(self.output_shape) if self.built else None
         except (AttributeError, ValueError):
             return None
-
-    def _strategy_scope(self) -> Any:
-        strategy = self.distribute_strategy
-        if context.get_cross_replica_context() is strategy:
-            return _nullcontext()
-        return strategy.scope()
 
     def _require_compiled(self, method: str) -> None:
         if not getattr(self, "_compiled", False):
@@ -166,13 +164,16 @@ class Trainer:
         n_local = int(np.shape(x)[0])
         n_global = _global_count(n_local)
         y_pred, caches = self.forward(x, training=True)
+        y_pred = mixed_precision.to_float32(y_pred)  # a mixed model's loss is float32
         per_example = self._per_example_loss(y, Traced.leaf(y_pred), w)
         denominator = max(n_global, 1.0) if self._mean_loss else 1.0
         loss = per_example.sum() / denominator
-        grads = self.backward(caches, loss.grad)
+        scaling = isinstance(self.optimizer, mixed_precision.LossScaleOptimizer)
+        loss_scale = float(self.optimizer.loss_scale) if scaling else 1.0
+        grads = self.backward(caches, loss.grad * np.float32(loss_scale) if scaling else loss.grad)
         # Keras adds model.losses scaled by 1 / num_replicas: the summed gradients are one
         # process's (scale_regularization_loss).
-        reg = self._regularization(grads, 1.0 / _num_replicas())
+        reg = self._regularization(grads, loss_scale / _num_replicas()) / loss_scale
         self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
         self._track(float(to_host(per_example.value).sum()), n_local, n_global, denominator,
                     reg * _num_replicas())  # fmt: skip
@@ -199,10 +200,7 @@ class Trainer:
             m.update_state(y, y_pred, sample_weight=w)
 
     def predict_step(self, data: Any) -> Any:
-        """One replica's predictions for its part of a batch.
-
-        Example: ``strategy.run(model.predict_step, args=(batch,))``.
-        """
+        """One replica's predictions for its part of a batch."""
         x, _, _ = data_adapter.unpack(data)
         return self.forward(x, training=False)[0]
 
@@ -231,7 +229,7 @@ class Trainer:
                 "cannot infer the input shape from the data; build the model first with "
                 "model.build((None, features)) or give the first layer input_shape=(features,)"
             )
-        with self._strategy_scope():
+        with self._scope():
             self.build(tuple(shape))
 
     def _shuffle_seed(self) -> int:
@@ -245,7 +243,7 @@ class Trainer:
             drawn = int(np.random.randint(2**31 - 1))
         seed = np.array([drawn], dtype=np.int64)
         ext = self.distribute_strategy.extended
-        return int(to_host(ext._broadcast_initial_value(seed))[0])
+        return int(to_host(ext.broadcast_initial_value(seed))[0])
 
     def _callbacks(self, callbacks: Any, verbose: int, epochs: int, steps: int | None) -> Any:
         return CallbackList(
@@ -307,7 +305,7 @@ class Trainer:
         cbs = self._callbacks(callbacks, verbose, epochs, steps)
         backup = find_backup(cbs)
         state = FitState(seed, self._distributed(dataset))
-        if backup is not None and backup._begin(self, state):  # resume where the backup is
+        if backup is not None and backup.begin_fit(self, state):  # resume where the backup is
             initial_epoch = state.epoch
             if state.seed != seed:  # the backup's shuffle order, not this run's new seed
                 state.dist = self._distributed(batches(state.seed)[0])
@@ -318,7 +316,7 @@ class Trainer:
                                     steps_per_epoch)  # fmt: skip
         finally:
             if backup is not None:
-                backup._end()
+                backup.end_fit()
 
     def _fit_epochs(
         self, state: FitState, cbs: Any, backup: Any, validation: tuple[Any, int | None],
@@ -341,7 +339,7 @@ class Trainer:
             ran_out = False
             while steps_per_epoch is None or step < steps_per_epoch:
                 if backup is not None:
-                    backup._check_preemption()  # may save here and exit on every worker
+                    backup.check_preemption()  # may save here and exit on every worker
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -409,8 +407,6 @@ class Trainer:
 
         Returns the scalar loss when there are no metrics, else ``[loss, *metrics]``
         (a dict with ``return_dict=True``). Every worker gets the same numbers.
-
-        Example: ``loss, acc = model.evaluate(x_test, y_test, batch_size=256)``.
         """
         self._require_compiled("evaluate")
         verbose = 1 if verbose == "auto" else int(verbose)
@@ -443,8 +439,6 @@ class Trainer:
 
         Under a strategy each replica predicts its part of every batch and the
         parts are gathered, so every worker returns the whole result.
-
-        Example: ``probabilities = model.predict(x_test, batch_size=256)``.
         """
         dataset, _ = data_adapter.as_dataset(x, batch_size=batch_size)
         self._ensure_built(dataset)
@@ -485,10 +479,3 @@ def _global_count(n_local: int) -> float:
         return float(n_local)
     return float(ctx.all_reduce("sum", np.float64(n_local)))
 
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -18,15 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.adam import _positive
+from hpcdist.optimizers.adam import check_positive
 from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 
 
 class Adagrad(Optimizer):
-    """Adagrad (Duchi et al.): per-parameter learning rates from the sum of squared gradients.
-
-    Example: ``Adagrad(learning_rate=0.01, initial_accumulator_value=0.1)``.
-    """
+    """Adagrad (Duchi et al.): per-parameter learning rates from the sum of squared gradients."""
 
     def __init__(
         self,
@@ -60,7 +57,7 @@ class Adagrad(Optimizer):
                 f"initial_accumulator_value must be >= 0, got {initial_accumulator_value!r}"
             )
         self.initial_accumulator_value = initial
-        self.epsilon = _positive("epsilon", epsilon)
+        self.epsilon = check_positive("epsilon", epsilon)
 
     def _slot_names(self) -> tuple[str, ...]:
         return ("accumulator",)

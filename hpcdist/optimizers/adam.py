@@ -27,7 +27,7 @@ from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
 
-def _positive(name: str, value: Any) -> float:
+def check_positive(name: str, value: Any) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -38,10 +38,7 @@ def _positive(name: str, value: Any) -> float:
 
 
 class Adam(Optimizer):
-    """Adam (Kingma & Ba), optionally AMSGrad.
-
-    Example: ``Adam(learning_rate=1e-3, beta_1=0.9, beta_2=0.999, amsgrad=True)``.
-    """
+    """Adam (Kingma & Ba), optionally AMSGrad."""
 
     def __init__(
         self,
@@ -68,7 +65,7 @@ class Adam(Optimizer):
         )
         self.beta_1 = check_fraction("beta_1", beta_1)
         self.beta_2 = check_fraction("beta_2", beta_2)
-        self.epsilon = _positive("epsilon", epsilon)
+        self.epsilon = check_positive("epsilon", epsilon)
         self.amsgrad = bool(amsgrad)
 
     def _slot_names(self) -> tuple[str, ...]:
@@ -96,10 +93,7 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter); ``weight_decay`` is required.
-
-    Example: ``AdamW(learning_rate=1e-3, weight_decay=0.004)``.
-    """
+    """Adam with decoupled weight decay (Loshchilov & Hutter); ``weight_decay`` is required."""
 
     def __init__(
         self,

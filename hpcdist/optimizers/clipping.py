@@ -76,8 +76,6 @@ def clip_by_global_norm(arrays: Sequence[Any], clip_norm: float) -> tuple[list[A
     in float64. ``None`` entries are kept as ``None`` and ignored. Returns new
     arrays (the inputs are not changed) of the inputs' dtypes and the global
     norm as a float. A non-finite global norm makes every result NaN, as in TF.
-
-    Example: ``grads, norm = clip_by_global_norm(grads, 1.0)``.
     """
     if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Sequence):
         raise TypeError(

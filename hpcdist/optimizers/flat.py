@@ -23,7 +23,7 @@ Example:
     >>> import numpy as np, hpcdist as hd
     >>> a, b = hd.Variable(np.ones(2)), hd.Variable(np.zeros(3))
     >>> buf = FlatBuffer([a, b])
-    >>> buf.flat, a._read().base is buf.flat
+    >>> buf.flat, a.raw_value().base is buf.flat
     (array([1., 1., 0., 0., 0.]), True)
     >>> snap = a.value()
     >>> buf.shared()
@@ -74,7 +74,7 @@ class _Probe:
 _ONE_HOLDER = _Probe().count()
 
 
-def _empty_like(proto: Any, n: int) -> Any:
+def empty_like(proto: Any, n: int) -> Any:
     """A new 1-D array of ``n`` elements of ``proto``'s dtype, on ``proto``'s device."""
     xp = array_module(proto)
     if xp is np:
@@ -110,7 +110,7 @@ class FlatBuffer:
         """Copy the components' current values into a fresh buffer and rebind them to views."""
         proto = self.components[0]._value
         xp = array_module(proto)
-        new = _empty_like(proto, self.total)
+        new = empty_like(proto, self.total)
         pieces = [c._value.reshape(-1) for c in self.components]
         with on_device_of(new):
             xp.concatenate(pieces, out=new)

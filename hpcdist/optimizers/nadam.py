@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.adam import _positive
+from hpcdist.optimizers.adam import check_positive
 from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
@@ -41,10 +41,7 @@ def momentum_schedule(beta_1: float, t: int) -> float:
 
 
 class Nadam(Optimizer):
-    """Nadam (Dozat, 2016), as Keras computes it.
-
-    Example: ``Nadam(learning_rate=1e-3, beta_1=0.9, beta_2=0.999)``.
-    """
+    """Nadam (Dozat, 2016), as Keras computes it."""
 
     _SLOT_ALIASES = {"momentums": "m", "velocities": "v"}
 
@@ -72,7 +69,7 @@ class Nadam(Optimizer):
         )
         self.beta_1 = check_fraction("beta_1", beta_1)
         self.beta_2 = check_fraction("beta_2", beta_2)
-        self.epsilon = _positive("epsilon", epsilon)
+        self.epsilon = check_positive("epsilon", epsilon)
         self._product = (0, 1.0)  # (t, u_1 ... u_t): extended step by step
 
     def _slot_names(self) -> tuple[str, ...]:

@@ -5,7 +5,7 @@
 * Inside ``strategy.run`` (a replica context): ONE ``merge_call``. In it, the
   gradients of each local replica are packed into one flat buffer per dtype,
   the local buffers are summed and ONE batched cross-worker allreduce of all
-  of them is issued (``strategy.extended._reduce_leaves``). With several GPUs
+  of them is issued (``strategy.extended.reduce_leaves``). With several GPUs
   in one process (one worker), each buffer is instead all-reduced among the
   GPUs (``NcclAllReduce``: NCCL) and every replica updates its copy from the
   sum on its own GPU. Gradients are
@@ -57,7 +57,7 @@ from hpcdist.distribute.variables import (
 )
 from hpcdist.optimizers import schedules
 from hpcdist.optimizers.clipping import check_clip, global_scale, kernels_for
-from hpcdist.optimizers.flat import FlatBuffer, _empty_like, on_device_of
+from hpcdist.optimizers.flat import FlatBuffer, empty_like, on_device_of
 from hpcdist.optimizers.ps_hosting import RemoteView
 
 #: What ``learning_rate`` takes: a number, a schedule (or its ``serialize`` dict), or, as a
@@ -169,7 +169,7 @@ class _Group:
         buf = self.grads.get(r)
         if buf is None:
             ref = self.params[min(r, len(self.params) - 1)].views[0]
-            buf = self.grads[r] = _empty_like(ref, self.offsets[-1])
+            buf = self.grads[r] = empty_like(ref, self.offsets[-1])
         return buf
 
 
@@ -312,16 +312,16 @@ class Optimizer:
     def _make_variable(self, like: Any, initial: Any, name: str, aggregation: Any) -> Any:
         """A non-trainable variable placed like ``like`` (mirrored if ``like`` is)."""
         if isinstance(like, DistributedVariable):
-            with like._distribute_strategy.scope():
+            with like.distribute_strategy.scope():
                 return Variable(initial, name=name, trainable=False, aggregation=aggregation)
-        owner = like._distribute_strategy or context.default_strategy()
+        owner = like.distribute_strategy or context.default_strategy()
         spec = {
             "name": name,
             "trainable": False,
             "synchronization": VariableSynchronization.AUTO,
             "aggregation": aggregation,
         }
-        return owner.extended._create_variable(initial, None, None, spec)
+        return owner.extended.create_variable(initial, None, None, spec)
 
     def _new_iterations(self, strategy: Any, value: int) -> Any:
         initial = np.int64(value)
@@ -336,7 +336,7 @@ class Optimizer:
             "synchronization": VariableSynchronization.AUTO,
             "aggregation": agg,
         }
-        return context.default_strategy().extended._create_variable(initial, None, None, spec)
+        return context.default_strategy().extended.create_variable(initial, None, None, spec)
 
     def build(self, var_list: Iterable[Any]) -> None:
         """Create the slots of ``var_list`` and adopt the variables into flat buffers.
@@ -357,14 +357,14 @@ class Optimizer:
             self._check_variable(v)
         first = new[0]
         if isinstance(first, (DistributedVariable, AggregatingVariable)):
-            strategy = first._distribute_strategy
+            strategy = first.distribute_strategy
             it = self._iterations
             if it is None or not isinstance(it, (DistributedVariable, AggregatingVariable)):
                 self._iterations = self._new_iterations(strategy, self._step())
-            elif it._distribute_strategy is not strategy:
+            elif it.distribute_strategy is not strategy:
                 raise ValueError(
                     f"optimizer {self._name!r} was created in the scope of "
-                    f"{it._distribute_strategy!r} but variable {first.name!r} belongs to "
+                    f"{it.distribute_strategy!r} but variable {first.name!r} belongs to "
                     f"{strategy!r}; create the optimizer and the variables in one strategy scope"
                 )
         elif self._iterations is None:
@@ -409,7 +409,7 @@ class Optimizer:
                 "and float64 variables only (create the variable with one of those dtypes)"
             )
         key = (
-            v._distribute_strategy if isinstance(v, DistributedVariable) else None,
+            v.distribute_strategy if isinstance(v, DistributedVariable) else None,
             _num_local(v),
         )
         if self._strategy_key is None:
@@ -523,7 +523,7 @@ class Optimizer:
                 self._merge_apply, variables=tuple(variables), every=every, aggregate=aggregate
             )
             key = ("apply_gradients", id(self), aggregate, tuple(id(v) for v in variables))
-            return ctx._merge(merge, (tuple(grads),), None, False, key)
+            return ctx.merge_call(merge, (tuple(grads),), key=key)
         num_local = _num_local(variables[0])
         if any(isinstance(g, DistributedValues) for g in grads):
             for g in grads:
@@ -539,7 +539,7 @@ class Optimizer:
     def _merge_apply(
         self, strategy: Any, grads: Any, *, variables: tuple, every: list, aggregate: bool
     ) -> Variable:
-        k = strategy.extended._num_local_replicas
+        k = strategy.extended.num_local_replicas
         per_replica = [list(select_replica(i, grads)) for i in range(k)]
         return self._apply(strategy, list(variables), every, per_replica, aggregate)
 
@@ -588,12 +588,12 @@ class Optimizer:
             )
 
     def _check_replica_variables(self, strategy: Any, variables: list[Any]) -> None:
-        k = strategy.extended._num_local_replicas
+        k = strategy.extended.num_local_replicas
         for v in variables:
             if isinstance(v, (DistributedVariable, AggregatingVariable)):
-                if v._distribute_strategy is not strategy:
+                if v.distribute_strategy is not strategy:
                     raise ValueError(
-                        f"variable {v.name!r} belongs to {v._distribute_strategy!r}, not to "
+                        f"variable {v.name!r} belongs to {v.distribute_strategy!r}, not to "
                         f"{strategy!r} which runs this replica function"
                     )
             elif k > 1:
@@ -648,12 +648,12 @@ class Optimizer:
                 PerReplica(tuple(p[a] for p in packed)) if len(packed) > 1 else packed[0][a]
                 for a in range(len(work))
             ]
-            on_gpus = getattr(strategy.extended, "_local_gpu_all_reduce", None)
+            on_gpus = getattr(strategy.extended, "local_gpu_all_reduce", None)
             per_replica = on_gpus(ReduceOp.SUM, leaves) if on_gpus is not None else None
             if per_replica is not None:  # several local GPUs: summed on them (NCCL)
                 sources = per_replica
             else:
-                sources = [strategy.extended._reduce_leaves(ReduceOp.SUM, leaves)]
+                sources = [strategy.extended.reduce_leaves(ReduceOp.SUM, leaves)]
         else:
             sources = packed
         for grads in sources:
@@ -686,7 +686,7 @@ class Optimizer:
                 continue
             g = grads[i]
             if isinstance(g, Variable):
-                g = g._read()
+                g = g.raw_value()
             g = asarray(g)
             if tuple(g.shape) != tuple(v.shape):
                 raise ValueError(
@@ -766,7 +766,7 @@ class Optimizer:
         g = _like(g, params.views[0])
         out_of_place = params.shared()  # before any local reference to params.flat
         p_in = params.flat
-        p_out = _empty_like(p_in, params.total) if out_of_place else p_in
+        p_out = empty_like(p_in, params.total) if out_of_place else p_in
         k = kernels_for(p_in)
         offsets = group.offsets
         with on_device_of(p_in):

@@ -23,16 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from hpcdist.optimizers.adam import _positive
+from hpcdist.optimizers.adam import check_positive
 from hpcdist.optimizers.optimizer import LearningRate, Optimizer
 from hpcdist.optimizers.sgd import check_fraction
 
 
 class RMSprop(Optimizer):
-    """RMSprop (Hinton), optionally centered and with momentum.
-
-    Example: ``RMSprop(learning_rate=1e-3, rho=0.9, momentum=0.9, centered=True)``.
-    """
+    """RMSprop (Hinton), optionally centered and with momentum."""
 
     _SLOT_ALIASES = {"rms": "velocity", "mg": "average_gradient"}
 
@@ -61,7 +58,7 @@ class RMSprop(Optimizer):
         )
         self.rho = check_fraction("rho", rho)
         self.momentum = check_fraction("momentum", momentum)
-        self.epsilon = _positive("epsilon", epsilon)
+        self.epsilon = check_positive("epsilon", epsilon)
         self.centered = bool(centered)
 
     def _slot_names(self) -> tuple[str, ...]:

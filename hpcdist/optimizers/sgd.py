@@ -35,10 +35,7 @@ def check_fraction(name: str, value: Any) -> float:
 
 
 class SGD(Optimizer):
-    """Gradient descent with optional momentum and Nesterov momentum.
-
-    Example: ``SGD(learning_rate=0.01, momentum=0.9, nesterov=True)``.
-    """
+    """Gradient descent with optional momentum and Nesterov momentum."""
 
     _SLOT_ALIASES = {"m": "momentum"}
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -144,6 +145,11 @@ class DeviceRuntime:
         """A context in which ``device`` is the current GPU (events, default streams)."""
         return contextlib.nullcontext()
 
+    def device_identity(self, device: int | None = None) -> str | None:
+        """A name of the physical GPU ``device`` (None: the current one) that is the same in
+        every process using it, e.g. its UUID; ``None`` when unknown (never matches)."""
+        return None
+
     def to_device(self, host: np.ndarray, device: int, stream: int) -> Any:
         """A new device array holding a copy of ``host`` (its shape and dtype)."""
         flat = self.empty(host.size, host.dtype, device)
@@ -152,7 +158,8 @@ class DeviceRuntime:
 
 
 class CupyRuntime(DeviceRuntime):
-    """:class:`DeviceRuntime` for CuPy arrays; packing uses hpcdist's Numba CUDA kernel.
+    """:class:`DeviceRuntime` for CuPy arrays; packing uses hpcdist's Numba CUDA kernel
+    (one copy per tensor where numba-cuda cannot launch kernels).
 
     Example: ``runtime_for(cupy.ones(3))`` is the process's ``CupyRuntime``.
     """
@@ -164,6 +171,7 @@ class CupyRuntime(DeviceRuntime):
 
         self._cp = cupy
         self._streams: dict[int, Any] = {}
+        self._numba_ok: bool | None = None
 
     def _stream(self, handle: int) -> Any:
         stream = self._streams.get(handle)
@@ -176,6 +184,9 @@ class CupyRuntime(DeviceRuntime):
 
     def activate(self, device: int) -> contextlib.AbstractContextManager[Any]:
         return self._cp.cuda.Device(device)
+
+    def device_identity(self, device: int | None = None) -> str | None:
+        return device_identity(self._cp.cuda.Device().id if device is None else device)
 
     def current_stream(self, device: int) -> int:
         with self._cp.cuda.Device(device):
@@ -193,15 +204,30 @@ class CupyRuntime(DeviceRuntime):
         return flat[lo:hi]
 
     def pack(self, tensors: Sequence[Any], flat: Any, stream: int) -> None:
-        if len(tensors) == 1:
-            self.copy(flat[: tensors[0].size], tensors[0], stream)
+        if len(tensors) == 1 or not self._numba_cuda():
+            lo = 0  # one copy per tensor (also where Numba cannot launch kernels)
+            for t in tensors:
+                self.copy(flat[lo : lo + t.size], t, stream)
+                lo += t.size
             return
         from numba import cuda  # lazy: optional GPU dependency (numba.cuda)
 
         from hpcdist.kernels.cuda import pack_cuda  # lazy: optional GPU dependency (numba.cuda)
 
+        # one launch; the bucket's table is built (in CuPy's pool) once per layout
         with self._cp.cuda.Device(flat.device.id):
             pack_cuda([t.reshape(-1) for t in tensors], flat, stream=cuda.external_stream(stream))
+
+    def _numba_cuda(self) -> bool:
+        """Whether Numba can launch CUDA kernels here (numba-cuda with its CUDA extra)."""
+        if self._numba_ok is None:
+            try:
+                from numba import cuda  # lazy: optional GPU dependency (numba.cuda)
+
+                self._numba_ok = bool(cuda.is_available())
+            except Exception:  # noqa: BLE001 - numba.cuda unusable: per-tensor copies work
+                self._numba_ok = False
+        return self._numba_ok
 
     def copy(self, dst: Any, src: Any, stream: int) -> None:
         self._cp.cuda.runtime.memcpyAsync(
@@ -248,6 +274,25 @@ class CupyRuntime(DeviceRuntime):
         return np.frombuffer(memory, np.uint8, max(1, int(nbytes)))[: int(nbytes)]
 
 
+def device_identity(device: int) -> str | None:
+    """The UUID of CUDA device ``device`` as CuPy reports it (else its PCI bus id on this
+    host): the same in every process that uses that GPU, whatever CUDA_VISIBLE_DEVICES
+    numbers it. ``None`` when CuPy cannot tell (no CuPy, no driver).
+
+    Example: two ranks bound to one GPU get equal strings.
+    """
+    try:
+        import cupy  # lazy: optional GPU dependency (CuPy)
+
+        uuid = cupy.cuda.runtime.getDeviceProperties(device).get("uuid")
+        if uuid:
+            return bytes(uuid).hex() if isinstance(uuid, bytes | bytearray) else str(uuid)
+        bus = cupy.cuda.runtime.deviceGetPCIBusId(device)
+    except Exception:  # noqa: BLE001 - unknown: the caller treats it as a GPU of its own
+        return None
+    return f"{socket.gethostname()}/{bus}"
+
+
 _RUNTIMES: dict[type, DeviceRuntime] = {}
 
 
@@ -284,7 +329,6 @@ def device_arrays(tensors: Sequence[Any], operation: str) -> tuple[DeviceRuntime
     """The runtime and GPU of ``tensors`` (all device arrays of one runtime and one GPU).
 
     Raises :class:`DeviceArrayError` for mixed kinds or GPUs and strided arrays.
-    Example: ``rt, gpu = device_arrays(grads, "allreduce")``.
     """
     runtime = runtime_for(tensors[0])
     device = runtime.device_id(tensors[0])
@@ -322,6 +366,7 @@ __all__ = [
     "DeviceArrayError",
     "DeviceRuntime",
     "device_arrays",
+    "device_identity",
     "device_pointer",
     "is_c_contiguous",
     "is_device_array",

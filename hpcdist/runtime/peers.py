@@ -102,10 +102,7 @@ class PeerWatch:
 
     @classmethod
     def over(cls, node_comm: Any, flags: np.ndarray, stride: int) -> PeerWatch:
-        """Gather the process ids and world ranks of ``node_comm`` (collective over it).
-
-        Example: ``PeerWatch.over(node_comm, window.flags, 8)``.
-        """
+        """Gather the process ids and world ranks of ``node_comm`` (collective over it)."""
 
         world_rank = mpi().COMM_WORLD.Get_rank()
         pairs = node_comm.allgather((os.getpid(), world_rank))
@@ -125,7 +122,6 @@ class PeerWatch:
 
         Cheap to call on every round of a wait loop: it looks at the peers at
         most every :data:`CHECK_INTERVAL_S` seconds.
-        Example: ``watch.check()``.
         """
         now = time.monotonic() if now is None else now
         if now < self._next:
@@ -134,10 +130,7 @@ class PeerWatch:
         self.check_now()
 
     def check_now(self) -> None:
-        """Look at every peer now; raise :class:`~hpcdist.errors.RankFailedError` for a gone one.
-
-        Example: ``watch.check_now()``.
-        """
+        """Look at every peer now; raise :class:`~hpcdist.errors.RankFailedError` for a gone one."""
         for k, rank in enumerate(self.ranks):
             if k == self.rank:
                 continue

@@ -18,6 +18,7 @@ from typing import Any
 
 import keras
 
+from hpcdist.collectives import CommunicationOptions
 from hpcdist.tensorflow.tape import allreduce_gradients, broadcast_variables
 
 
@@ -25,21 +26,29 @@ class _Distributed:
     """What :func:`DistributedOptimizer` puts before the optimizer class's ``apply``."""
 
     _hd_strategy: Any = None
+    _hd_compression: tuple[Any, Any] = (None, None)
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         """Average ``grads`` over the replicas, then the wrapped optimizer's ``apply``."""
-        grads = allreduce_gradients(list(grads), "MEAN", self._hd_strategy)
+        grads = allreduce_gradients(
+            list(grads), "MEAN", self._hd_strategy, *self._hd_compression
+        )
         # the wrapped optimizer's class follows _Distributed in the MRO
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
 
 
 def DistributedOptimizer(  # noqa: N802  (named as in Horovod)
-    optimizer: keras.optimizers.Optimizer, strategy: Any = None
+    optimizer: keras.optimizers.Optimizer,
+    strategy: Any = None,
+    compression: str | None = None,
+    compression_filter: Any = None,
 ) -> keras.optimizers.Optimizer:
     """``optimizer`` (a Keras optimizer) made to average its gradients over the replicas first.
 
     The same object is returned, its class replaced by a subclass of its
     class (``isinstance`` checks, serialization names and state are kept).
+    ``compression`` (``"bf16"``, ``"fp16"``) and ``compression_filter``: how
+    float32 gradients travel between nodes (:class:`~hpcdist.CommunicationOptions`).
 
     Example: ``model.compile(optimizer=hdtf.DistributedOptimizer(keras.optimizers.SGD(0.1)))``.
     """
@@ -51,7 +60,9 @@ def DistributedOptimizer(  # noqa: N802  (named as in Horovod)
     if not isinstance(optimizer, _Distributed):
         base = type(optimizer)
         optimizer.__class__ = type(base.__name__, (_Distributed, base), {})
+    CommunicationOptions(compression=compression, compression_filter=compression_filter)
     optimizer._hd_strategy = strategy
+    optimizer._hd_compression = (compression, compression_filter)
     return optimizer
 
 

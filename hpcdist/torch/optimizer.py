@@ -51,6 +51,8 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     backward_passes_per_step: int = 1,
     overlap: bool = True,
     timeout_seconds: float | None = 600.0,
+    compression: str | None = None,
+    compression_filter: Callable[[Any], bool] | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its gradients are averaged over all replicas before a step.
 
@@ -70,6 +72,11 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
             :class:`~hpcdist.errors.CollectiveTimeoutError` (raised by
             ``step()``) after this long instead of hanging, and wait sleeping
             rather than spinning (``None``: no timeout).
+        compression: ``"bf16"`` or ``"fp16"``: float32 gradients travel between
+            nodes as 16-bit floats, summed in float32 (half the bytes);
+            ``compression_filter(grad) -> bool`` picks which (e.g.
+            ``lambda g: g.ndim > 1`` keeps biases and norms exact). See
+            :class:`~hpcdist.CommunicationOptions`.
 
     Returns the same optimizer object, seen as a subclass of its class.
 
@@ -93,6 +100,7 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     wrapped._hd = _Reducer(
         optimizer, model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
         int(backward_passes_per_step), overlap, timeout_seconds,
+        CommunicationOptions(compression=compression, compression_filter=compression_filter),
     )
     return wrapped
 
@@ -129,12 +137,11 @@ class _Distributed:
 
 
 class _Bucket:
-    __slots__ = ("params", "waiting", "launched", "done", "error")
+    __slots__ = ("params", "waiting", "done", "error")
 
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
         self.params = params
         self.waiting = len(params)
-        self.launched = False
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -151,6 +158,7 @@ class _Reducer:
         passes: int,
         overlap: bool,
         timeout_seconds: float | None,
+        compression: CommunicationOptions | None = None,
     ) -> None:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if model is not None:
@@ -162,7 +170,7 @@ class _Reducer:
         self._options = CommunicationOptions(
             bytes_per_pack=bucket_bytes,
             timeout_seconds=timeout_seconds if overlap and self._engine.size > 1 else None,
-        )
+        ).merge(compression)
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[int, int] = {}
         self._counts: dict[int, int] = {}
@@ -213,28 +221,10 @@ class _Reducer:
         for p in bucket.params:
             if p.grad is None:  # unused in this step: it takes part with a zero gradient
                 p.grad = torch.zeros_like(p)
-        bucket.launched = True
         if self._queue is not None:
             self._queue.put(bucket)
         else:
             _reduce(self._engine, self._options, bucket)
-
-    def _reduce(self, bucket: _Bucket) -> None:
-        try:
-            grads = [p.grad for p in bucket.params]
-            self._engine.allreduce(grads, ReduceOp.MEAN, self._options, out=grads)
-        except BaseException as err:  # handed to the thread that waits
-            bucket.error = err
-        finally:
-            bucket.done.set()
-
-    def _serve(self) -> None:
-        assert self._queue is not None
-        while True:
-            bucket = self._queue.get()
-            if bucket is None:
-                return
-            self._reduce(bucket)
 
     def synchronize(self) -> None:
         """Start the buckets not started yet (in order), wait for all, reset for the next step."""
@@ -256,7 +246,6 @@ class _Reducer:
     def _reset(self) -> None:
         for bucket in self._buckets:
             bucket.waiting = len(bucket.params)
-            bucket.launched = False
             bucket.done.clear()
             bucket.error = None
         for key in self._counts:

@@ -58,10 +58,7 @@ def set_random_seed(seed: int) -> None:
 
 
 def get_random_seed() -> int | None:
-    """The seed of the last :func:`set_random_seed` call (``None`` if none).
-
-    Example: ``hd.utils.get_random_seed()``.
-    """
+    """The seed of the last :func:`set_random_seed` call (``None`` if none)."""
     return _seed
 
 

@@ -113,9 +113,9 @@ _FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
     env.update(MPI_ENV)
-    # Numba initialises colorama when it is installed (mkdocs-material brings it), whose exit
-    # handler then writes an ANSI reset to stdout under mpirun: not part of any output.
-    env["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] = "1"
+    # Not set for the blocks: hpcdist turns Numba's error highlighting off itself (with
+    # colorama installed it would write an ANSI reset after every job's output under mpirun).
+    env.pop("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", None)
     env.update(extra)
     return env
 

@@ -24,6 +24,24 @@ README = ROOT / "README.md"
 MAX_LINES = 150
 
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
+NUMBA_HIGHLIGHTING = "NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"
+
+# A job that makes Numba format a typing error: with highlighting on, that initialises
+# colorama, whose exit handler writes an ANSI reset to a terminal (mpirun gives ranks one).
+_NUMBA_JOB = """
+import hpcdist
+import numba
+
+@numba.njit
+def f(x):
+    return x.no_such_attribute
+
+try:
+    f(1)
+except numba.core.errors.TypingError:
+    print("typing error")
+print("done")
+"""
 
 
 def _text() -> str:
@@ -73,7 +91,7 @@ def test_the_quickstart_runs_as_written_under_mpirun_n_2(tmp_path: Path) -> None
     script.write_text(code.code, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
     env.update(MPI_ENV)  # the exports the README lists under "Running mpirun yourself"
-    env["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] = "1"
+    env.pop(NUMBA_HIGHLIGHTING, None)  # not one of the exports: hpcdist sets Numba's default
     command = [MPIRUN, "-n", "2", sys.executable, script.name]
     proc = subprocess.Popen(
         command,
@@ -97,3 +115,27 @@ def test_the_quickstart_runs_as_written_under_mpirun_n_2(tmp_path: Path) -> None
         f"the quick start printed something else than the README shows.\n"
         f"README:\n{expected}\nprinted:\n{out}\nstderr:\n{err}"
     )
+
+
+@pytest.mark.timeout(300)
+def test_a_job_ends_clean_without_the_numba_export(tmp_path: Path) -> None:
+    """hpcdist turns Numba's error highlighting off unless the user set the variable."""
+    import colorama  # noqa: F401  (installed with the docs extra: what made the stray reset)
+
+    script = tmp_path / "job.py"
+    script.write_text(_NUMBA_JOB, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env.update(MPI_ENV)
+    outputs = {}
+    for setting in (None, ""):  # unset (hpcdist's default), and a user's own "" (highlighting)
+        env.pop(NUMBA_HIGHLIGHTING, None)
+        if setting is not None:
+            env[NUMBA_HIGHLIGHTING] = setting
+        proc = subprocess.run(
+            [MPIRUN, "-n", "1", sys.executable, script.name],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outputs[setting] = proc.stdout
+    assert outputs[None] == "typing error\ndone\n"
+    assert outputs[""].endswith("\x1b[0m")  # the user's choice stands (and the check can fail)

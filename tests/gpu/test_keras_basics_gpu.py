@@ -99,7 +99,7 @@ def test_embedding_with_adagrad_on_a_gpu_matches_the_cpu_and_saves(cp, tmp_path)
     ids = rng.integers(0, 100, (256, 8))
     y = (ids[:, 0] % 3 == 0).astype(np.float32)
     _, gpu_model = compare(["/cpu:0"], ["/gpu:0"], embedding_model, embedding_compile, ids, y)
-    assert "cupy" in type(gpu_model.trainable_variables[0].values[0]._read()).__module__
+    assert "cupy" in type(gpu_model.trainable_variables[0].values[0].raw_value()).__module__
     gpu_model.save(tmp_path / "m.keras")
     on_cpu = load_model(tmp_path / "m.keras")
     np.testing.assert_allclose(on_cpu.predict(ids), cp.asnumpy(gpu_model.predict(ids)),

@@ -236,3 +236,37 @@ def test_kernels_run_on_the_second_gpu(cp, gpus):
         np.testing.assert_array_equal(
             flat.get(), np.concatenate([np.arange(1000) * 2.0, np.full(24, 2.0)])
         )
+
+
+def test_pack_of_cupy_tensors_builds_its_table_once_in_cupys_pool(cp, monkeypatch):
+    from hpcdist.kernels import cuda as kernels
+
+    monkeypatch.setattr(kernels, "_TABLES", kernels.OrderedDict())
+    pool = cp.get_default_memory_pool()
+    tensors = [cp.arange(n, dtype=cp.float32) for n in (3, 5)]
+    flat = cp.zeros(8, cp.float32)
+    before = pool.used_bytes()
+    pack_cuda(tensors, flat)
+    used = pool.used_bytes()
+    assert used > before  # the table's two arrays came from CuPy's pool
+    table = kernels.cached_table(tensors)
+    for _ in range(5):
+        pack_cuda(tensors, flat)
+        unpack_cuda(flat, tensors)
+    assert kernels.cached_table(tensors) is table and len(kernels._TABLES) == 1
+    assert pool.used_bytes() == used  # nothing allocated per call
+    cp.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(flat.get(), [0, 1, 2, 0, 1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint64"])
+def test_integer_reductions_keep_every_bit(cp, dtype):
+    # through float64 (the old MEAN branch's type unification) these lost bits above 2**53
+    info = np.iinfo(dtype)
+    rows = np.array([[2**61 + 1, 2**53 + 1, info.max - 7], [2**61 + 3, 2**53 + 3, 5]],
+                    dtype=dtype)
+    slots = cp.asarray(rows)
+    for op, want in [(SUM, rows[0] + rows[1]), (MAX, rows.max(axis=0)), (MIN, rows.min(axis=0))]:
+        out = cp.zeros(3, dtype)
+        reduce_slots_cuda(slots, 0, 3, out, 0, op, 1)
+        np.testing.assert_array_equal(out.get(), want, err_msg=str(op))

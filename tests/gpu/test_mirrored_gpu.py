@@ -195,7 +195,7 @@ def test_mirrored_variable_updates_on_gpus(strategy, cp, gpus):
     with strategy.scope():
         v = hd.Variable(np.zeros(3, np.float32), aggregation=hd.VariableAggregation.SUM)
     for i, c in enumerate(v.values):
-        assert c._read().device.id == i
+        assert c.raw_value().device.id == i
 
     def fn():
         v.assign_add(cp.full(3, float(rid() + 1), cp.float32))
@@ -203,6 +203,6 @@ def test_mirrored_variable_updates_on_gpus(strategy, cp, gpus):
     strategy.run(fn)
     total = gpus * (gpus + 1) / 2
     for i, c in enumerate(v.values):
-        value = c._read()
+        value = c.raw_value()
         assert value.device.id == i
         np.testing.assert_array_equal(cp.asnumpy(value), np.full(3, total, np.float32))

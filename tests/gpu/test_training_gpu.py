@@ -111,7 +111,7 @@ def test_optimizer_updates_on_cupy_variables_match_numpy(cp, make):
                 opt.apply_gradients(zip([to(g) for g in step], variables, strict=True))
             if kind == "cupy":
                 for v in variables:
-                    assert isinstance(v.values[0]._read(), cp.ndarray)
+                    assert isinstance(v.values[0].raw_value(), cp.ndarray)
             finals[kind] = [v.numpy() for v in variables]
     for g, c in zip(finals["cupy"], finals["numpy"], strict=True):
         np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
@@ -156,4 +156,4 @@ def test_optimizer_in_replicas_on_two_gpus_matches_two_cpu_replicas(cp, make):
 def to_host(component) -> np.ndarray:
     from hpcdist.arrays import to_host as host
 
-    return np.asarray(host(component._read()))
+    return np.asarray(host(component.raw_value()))

@@ -5,13 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import hpcdist as hd
 import hpcdist.jax as hdj
 from hpcdist import arrays
 from hpcdist.collectives import Collectives
-from hpcdist.errors import ArrayInteropError
 from hpcdist.runtime import mpi
 
 
@@ -22,9 +20,13 @@ def test_engine_reads_a_cpu_array_in_place_and_returns_jax() -> None:
     assert isinstance(out, jax.Array) and np.array_equal(np.asarray(out), np.arange(6.0))
 
 
-def test_bfloat16_is_refused() -> None:
-    with pytest.raises(ArrayInteropError, match="bfloat16"):
-        Collectives(mpi().COMM_SELF).allreduce([jnp.ones(2, jnp.bfloat16)], "SUM")
+def test_bfloat16_arrives_without_a_copy() -> None:
+    a = jnp.array([1.0, 2.0**-8, -3.5], jnp.bfloat16)
+    view = arrays.import_array(a)
+    assert view.dtype == arrays.BFLOAT16 and view.ctypes.data == a.unsafe_buffer_pointer()
+    (out,) = Collectives(mpi().COMM_SELF).allreduce([a], "SUM")
+    assert isinstance(out, jax.Array) and out.dtype == jnp.bfloat16
+    assert np.array_equal(np.asarray(out).view(np.uint16), np.asarray(a).view(np.uint16))
 
 
 def test_pytree_collectives_inside_and_outside_run() -> None:

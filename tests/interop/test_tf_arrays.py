@@ -13,7 +13,6 @@ import tensorflow as tf  # noqa: E402
 
 import hpcdist.tensorflow as hdtf  # noqa: E402
 from hpcdist.collectives import Collectives  # noqa: E402
-from hpcdist.errors import ArrayInteropError  # noqa: E402
 from hpcdist.runtime import mpi  # noqa: E402
 
 
@@ -25,9 +24,11 @@ def test_engine_returns_tf_tensors() -> None:
     assert tf.is_tensor(c.allgather(tf.constant([1.0])))
 
 
-def test_bfloat16_is_refused() -> None:
-    with pytest.raises(ArrayInteropError, match="bfloat16.*tf.cast"):
-        Collectives(mpi().COMM_SELF).allreduce([tf.ones(2, tf.bfloat16)], "SUM")
+def test_bfloat16_reduces_and_returns_as_bfloat16() -> None:
+    t = tf.constant([1.0, 2.0**-8, -3.5], tf.bfloat16)
+    (out,) = Collectives(mpi().COMM_SELF).allreduce([t], "MEAN")
+    assert tf.is_tensor(out) and out.dtype == tf.bfloat16
+    assert out.numpy().astype(np.float32).tolist() == [1.0, 2.0**-8, -3.5]
 
 
 def test_gradients_reduce_in_a_tf_function_and_keep_none() -> None:

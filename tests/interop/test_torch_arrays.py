@@ -101,9 +101,35 @@ def test_non_contiguous_view_is_refused(engine) -> None:
         engine.allreduce([t], "SUM")
 
 
-def test_bfloat16_is_refused(engine) -> None:
-    with pytest.raises(ArrayInteropError, match="bfloat16.*float\\(\\)"):
-        engine.allreduce([torch.ones(2, dtype=torch.bfloat16)], "SUM")
+def test_bfloat16_arrives_without_a_copy_and_returns_as_bfloat16(engine) -> None:
+    t = torch.tensor([1.0, 2.0**-8, -3.5], dtype=torch.bfloat16)
+    view = arrays.import_array(t)
+    assert view.dtype == arrays.BFLOAT16 and view.ctypes.data == t.data_ptr()
+    (out,) = engine.allreduce([t], "MEAN")
+    assert out.dtype is torch.bfloat16 and torch.equal(out, t)
+    target = torch.zeros(3, dtype=torch.bfloat16)
+    engine.allreduce([t], "SUM", out=[target])  # written in place through the view
+    assert torch.equal(target, t)
+
+
+def test_bfloat16_on_a_gpu_is_refused_with_a_fix() -> None:
+    class FakeCuda:  # only the attributes _from_torch reads before the device check
+        requires_grad = False
+        layout = torch.strided
+        dtype = torch.bfloat16
+        device = torch.device("cuda", 0)
+
+        def is_contiguous(self) -> bool:
+            return True
+
+        def is_conj(self) -> bool:
+            return False
+
+        def is_neg(self) -> bool:
+            return False
+
+    with pytest.raises(ArrayInteropError, match="bfloat16 on a GPU.*float"):
+        arrays._from_torch(FakeCuda())
 
 
 def test_single_tensor_instead_of_list(engine) -> None:

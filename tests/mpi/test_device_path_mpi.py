@@ -271,3 +271,37 @@ def test_nccl_gather_scatter_broadcast(spy, fake_nccl_provider):
     assert engine.last_device_route == "staged"
     assert uneven.shape == (size * (size + 1) // 2,)
     engine.close()
+
+
+@pytest.mark.parametrize("implementation", ["AUTO", "HIERARCHICAL"])
+def test_ranks_sharing_one_gpu_take_the_staged_route(spy, monkeypatch, fake_nccl_provider,
+                                                     implementation):
+    # NCCL refuses one GPU twice in a communicator ("Duplicate GPU detected"): the ranks
+    # learn once (their GPUs' UUIDs, allgathered) that they share a GPU, and AUTO stages.
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "0")
+    monkeypatch.setattr(type(RUNTIME), "device_identity", lambda self, device=None: "GPU-0-uuid")
+    engine = Collectives(spy, CommunicationOptions(implementation=implementation))
+    before = dict(fake_nccl_provider.calls)
+    for _ in range(2):
+        out = engine.allreduce([fake(x) for x in _nccl_inputs(spy.Get_rank())], "SUM")
+        assert engine.last_device_route == "staged"
+    want = [w for i, w in enumerate(_expected("SUM", spy.Get_size())) if i != 1]
+    _check(out, want)
+    assert fake_nccl_provider.calls == before  # NCCL never asked
+    (b,) = engine.broadcast([fake(np.full(4, spy.Get_rank(), np.int64))], root=0)
+    assert engine.last_device_route == "staged" and b.get().tolist() == [0] * 4
+    engine.close()
+
+
+def test_a_strided_out_array_is_refused_not_corrupted(spy, monkeypatch):
+    from hpcdist.runtime.device import DeviceArrayError
+
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE_MPI", "0")
+    engine = Collectives(spy)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    base = np.zeros((3, 2), np.float32)
+    target = FakeGpuArray(base).T  # shape (2, 3), strided
+    with pytest.raises(DeviceArrayError, match="not C-contiguous"):
+        engine.allreduce([fake(x)], "SUM", out=[target])
+    assert not base.any()  # nothing written through the strided view
+    engine.close()

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from hpcdist.collectives import ReduceOp
+from hpcdist.collectives import nccl as nccl_module
 from hpcdist.collectives.nccl import (
     CREATING_OVER,
     NcclCallError,
     NcclComm,
     NcclUnavailableError,
+    ranks_share_gpu,
     set_nccl_provider,
 )
 from hpcdist.runtime import mpi
@@ -80,20 +82,44 @@ def test_create_matches_the_mpi_communicator(setup):
     assert CREATING_OVER.get() is None
 
 
-def test_the_unique_id_comes_from_rank_zero():
+@pytest.mark.parametrize("form", ["bytes", "tuple"])  # CuPy >= 14 and CuPy 13
+def test_the_unique_id_comes_from_rank_zero(monkeypatch, form):
+    monkeypatch.setattr(fake_nccl, "ID_FORM", form)
     world = mpi().COMM_WORLD
     before = fake_nccl.calls["get_unique_id"]
     nc = NcclComm.create(world, 0)
     try:
         drawn = fake_nccl.calls["get_unique_id"] - before
         assert drawn == (1 if world.Get_rank() == 0 else 0)
-        root_uid = np.array(fake_nccl.unique_ids[-1] if world.Get_rank() == 0 else [0] * 128,
-                            np.int8)
+        root_uid = np.zeros(128, np.int8)
+        if world.Get_rank() == 0:
+            drawn_id = fake_nccl.unique_ids[-1]
+            root_uid[:] = (np.frombuffer(drawn_id, np.int8) if isinstance(drawn_id, bytes)
+                           else np.array(drawn_id, np.int8))
         world.Bcast(root_uid, root=0)
-        assert nc.communicator.uid == tuple(int(v) for v in root_uid)
-        assert all(isinstance(v, int) for v in nc.communicator.uid)
+        uid = nc.communicator.uid
+        if form == "bytes":
+            assert type(uid) is bytes and uid == root_uid.tobytes()
+        else:
+            assert uid == tuple(int(v) for v in root_uid)
+            assert all(isinstance(v, int) for v in uid)
     finally:
         nc.close()
+
+
+def test_ranks_on_one_gpu_are_refused_before_nccl_is_asked(monkeypatch):
+    # NCCL itself would fail ("Duplicate GPU detected"): every rank raises the typed error
+    world = mpi().COMM_WORLD
+    monkeypatch.setattr(nccl_module, "_injected", None)
+    monkeypatch.setattr(nccl_module, "nccl_provider", lambda: fake_nccl)
+    monkeypatch.setattr(nccl_module, "device_identity", lambda device: "GPU-one-uuid")
+    before = fake_nccl.calls["NcclCommunicator"]
+    with pytest.raises(NcclUnavailableError, match="run on one GPU"):
+        NcclComm.create(world, 0)
+    assert fake_nccl.calls["NcclCommunicator"] == before
+    assert ranks_share_gpu(world, "GPU-one-uuid") is True
+    assert ranks_share_gpu(world, f"GPU-{world.Get_rank()}") is False
+    assert ranks_share_gpu(world, None) is False  # unknown never matches
 
 
 @pytest.mark.parametrize("dtype", NCCL_DTYPES)

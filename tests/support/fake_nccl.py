@@ -13,6 +13,9 @@ int, and anything else is refused, as CuPy's ``intptr_t`` would).
   calls are recorded between ``groupStart()`` and ``groupEnd()`` and run at
   ``groupEnd()`` across the group's buffers.
 * float16 is reduced in float32 and rounded, as NCCL's half sums read.
+* Unique ids are ``bytes`` and ``NcclCommunicator`` refuses anything else as
+  CuPy 14 does (``ID_FORM = "tuple"`` gives CuPy 13's tuples instead);
+  ``tests/unit/gpu_contract`` checks these rules against the installed CuPy.
 
 ``calls`` counts what was called (``get_unique_id``, ``allReduce``, ...);
 ``unique_ids`` lists the ids this process drew.
@@ -30,6 +33,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from hpcdist.collectives.nccl import CREATING_OVER
@@ -40,18 +44,21 @@ available = True
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64 = 0, 1, 2, 3, 4
 NCCL_UINT64, NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64 = 5, 6, 7, 8
+NCCL_BFLOAT16 = 9
 
 DTYPES = {
     NCCL_INT8: np.dtype(np.int8), NCCL_UINT8: np.dtype(np.uint8),
     NCCL_INT32: np.dtype(np.int32), NCCL_UINT32: np.dtype(np.uint32),
     NCCL_INT64: np.dtype(np.int64), NCCL_UINT64: np.dtype(np.uint64),
     NCCL_FLOAT16: np.dtype(np.float16), NCCL_FLOAT32: np.dtype(np.float32),
-    NCCL_FLOAT64: np.dtype(np.float64),
+    NCCL_FLOAT64: np.dtype(np.float64), NCCL_BFLOAT16: np.dtype(ml_dtypes.bfloat16),
 }
 _NUMPY_OPS = {NCCL_SUM: np.add, NCCL_MAX: np.maximum, NCCL_MIN: np.minimum}
 
 calls: Counter[str] = Counter()
-unique_ids: list[tuple[int, ...]] = []
+unique_ids: list[bytes | tuple[int, ...]] = []
+#: The form of unique ids: "bytes" (CuPy >= 14, the default) or "tuple" (CuPy 13).
+ID_FORM = "bytes"
 
 
 class NcclError(RuntimeError):
@@ -63,12 +70,33 @@ def get_version() -> int:
     return 22105
 
 
-def get_unique_id() -> tuple[int, ...]:
-    """128 random signed bytes, as CuPy returns them (a tuple of ints in -128..127)."""
+def get_unique_id() -> bytes | tuple[int, ...]:
+    """128 random bytes, as CuPy >= 14 returns them (``ID_FORM = "tuple"``: CuPy 13's tuple of
+    ints in -128..127)."""
     calls["get_unique_id"] += 1
-    uid = tuple(int(b) for b in np.frombuffer(os.urandom(128), np.int8))
+    raw = os.urandom(128)
+    uid: bytes | tuple[int, ...] = raw
+    if ID_FORM == "tuple":
+        uid = tuple(int(b) for b in np.frombuffer(raw, np.int8))
     unique_ids.append(uid)
     return uid
+
+
+def _check_comm_id(commId: Any) -> np.ndarray:  # noqa: N803 - CuPy's name
+    """The id's bytes; refused as CuPy refuses it (the type first, then the length)."""
+    if ID_FORM == "tuple":
+        if not isinstance(commId, tuple) or len(commId) != 128:
+            raise TypeError(f"fake NCCL: commId must be a tuple of 128 ints; got {commId!r:.60}")
+        if not all(isinstance(v, int) and -128 <= v <= 127 for v in commId):
+            raise ValueError("fake NCCL: commId entries must be ints in -128..127")
+        return np.array(commId, np.int64).astype(np.uint8)
+    if type(commId) is not bytes:  # CuPy's typed argument "bytes commId"
+        raise TypeError(
+            f"Argument 'commId' has incorrect type (expected bytes, got {type(commId).__name__})"
+        )
+    if len(commId) != 128:
+        raise ValueError(f"commId length {len(commId)} != 128.")
+    return np.frombuffer(commId, np.uint8)
 
 
 def _int(value: Any, what: str) -> int:
@@ -107,16 +135,14 @@ def _mpi_op(op: int) -> Any:
 class NcclCommunicator:
     """One rank of an NCCL communicator, run over a Dup of the creating MPI communicator."""
 
-    def __init__(self, ndev: int, commId: tuple[int, ...], rank: int) -> None:  # noqa: N803
+    def __init__(self, ndev: int, commId: bytes, rank: int) -> None:  # noqa: N803
+        raw = _check_comm_id(commId)
+        ndev, rank = _int(ndev, "ndev"), _int(rank, "rank")
         mpi_comm = CREATING_OVER.get()
         if mpi_comm is None:
             raise NcclError("fake NCCL: NcclCommunicator created outside NcclComm.create "
                             "(CREATING_OVER is unset)")
-        if not isinstance(commId, tuple) or len(commId) != 128:
-            raise TypeError(f"fake NCCL: commId must be a tuple of 128 ints; got {commId!r:.60}")
-        if not all(isinstance(v, int) and -128 <= v <= 127 for v in commId):
-            raise ValueError("fake NCCL: commId entries must be ints in -128..127")
-        mine = np.array([_int(ndev, "ndev"), _int(rank, "rank"), *commId], np.int64)
+        mine = np.array([ndev, rank, *raw], np.int64)
         calls["NcclCommunicator"] += 1
         self._mpi = mpi_comm.Dup()
         everyone = np.empty((self._mpi.Get_size(), mine.size), np.int64)
@@ -130,7 +156,7 @@ class NcclCommunicator:
         if problems:  # every rank sees the same table, so every rank raises
             self._mpi.Free()
             raise NcclError(f"fake NCCL: communicator of {size} MPI ranks: {'; '.join(problems)}")
-        self.uid = tuple(commId)
+        self.uid = commId
         self._rank, self._size = rank, size
 
     @staticmethod

@@ -97,9 +97,9 @@ class _TwoRanks:
 
 
 def test_a_wrong_result_on_any_rank_raises_on_every_rank():
-    bench._agree_or_raise(_TwoRanks([]), [], "results differ")  # all good: no error
+    bench.agree_or_raise(_TwoRanks([]), [], "results differ")  # all good: no error
     with pytest.raises(bench.BenchmarkError, match="rank 1: hpcdist-shm of 4 B differs"):
-        bench._agree_or_raise(_TwoRanks(["hpcdist-shm of 4 B differs"]), [], "results differ")
+        bench.agree_or_raise(_TwoRanks(["hpcdist-shm of 4 B differs"]), [], "results differ")
 
 
 def test_one_rank_is_refused_with_the_command_to_use():

@@ -155,7 +155,8 @@ def test_kernel_benchmark_splits_buffers_into_64_tensors(bench):
     assert kernels.split_sizes(10, 3) == [4, 3, 3]
     sizes = kernels.split_sizes((1 << 20) // 4, kernels.TENSORS)
     assert len(sizes) == 64 and sum(sizes) == 1 << 18 and max(sizes) - min(sizes) <= 1
-    assert kernels.TRAFFIC == {"pack_cuda": 2, "unpack_cuda": 2, "adam": 7}
+    assert kernels.TRAFFIC == {"pack_cuda": 2, "unpack_cuda": 2, "reduce_slots_cuda": 3,
+                               "adam": 7}
 
 
 def test_training_benchmark_data_and_medians(bench):
@@ -168,3 +169,13 @@ def test_training_benchmark_data_and_medians(bench):
     rounds = [{"steps_per_s": 1.0, "params": 3}, {"steps_per_s": 5.0, "params": 3},
               {"steps_per_s": 2.0, "params": 3}]  # fmt: skip
     assert training.median_of(rounds) == {"steps_per_s": 2.0, "params": 3}
+
+
+def test_training_benchmark_fit_comparison_is_exact_between_identical_runs(bench):
+    training = bench("gpu_training")
+    start, weights, loss = training.fit_digits(["/cpu:0"], None, 1)
+    again, weights2, loss2 = training.fit_digits(["/cpu:0"], start, 1)
+    assert len(loss) == 1 and loss == loss2  # same start, same data: the comparison's baseline
+    assert all(np.array_equal(a, b) for a, b in zip(start, again, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(weights, weights2, strict=True))
+    assert training.FIT_TARGET_RELATIVE == 1e-5

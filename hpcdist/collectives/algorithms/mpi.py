@@ -74,14 +74,23 @@ def mpi_plan(
     out = []
     for index, group in enumerate(layout.groups):
         buf = engine.buffers.take(("mpi", layout.digest, index), group.total, group.wire)
-        src = source_view(group, items) if exact_in_place(group, op, size) else None
+        exact = exact_in_place(group, op, size) and not (
+            opts.compression is not None and group.wire == np.float32
+        )  # compressed groups take the 16-bit path of reduce_calls
+        src = source_view(group, items) if exact else None
         if src is not None and group.total:
             mpi_op = MPI.MIN if op is ReduceOp.MIN else MPI.MAX if op is ReduceOp.MAX else MPI.SUM
             for lo, hi in message_ranges(group.total, group.wire.itemsize, chunk):
                 yield Call("Allreduce", (src[lo:hi], buf[lo:hi], mpi_op))
         else:
             engine.pack_group(group, items, buf)
-            yield from reduce_calls(engine.comm, buf, op, chunk)
+            half = group.wire.itemsize == 2 and group.wire.kind in "fV"
+            yield from reduce_calls(
+                engine.comm, buf, op, chunk, opts.compression, size if half else 0
+            )
+            if half:  # 16-bit MEAN: divided in float32 before the one rounding
+                out.append(buf)
+                continue
         if op is ReduceOp.MEAN and group.wire.kind == "f":
             np.divide(buf, np.asarray(size, dtype=group.wire), out=buf)
         out.append(buf)

@@ -46,7 +46,7 @@ def node_allreduce(
     check = None if single else MpiStep(engine.comm, engine.agreement(agreed))
     plan = allreduce_plan(
         top.window, layout, list(items), engine.size, top.leaders, hierarchical, check,
-        engine.buffers, agreed.digest,
+        engine.buffers, agreed.digest, opts.compression,
     )
     return engine.run_on_node(top.window, plan, opts, agreed.text, what, sig)
 

@@ -21,10 +21,6 @@ Failover: when a worker dies (run with ``mpirun --with-ft ulfm``), its running
 function goes back to the front of the queue and runs on another worker, so a
 function may run more than once (as in TF). With no worker left, ``join``,
 ``done`` and ``fetch`` raise :class:`~.remote_value.UnavailableError`.
-
-Example: ``coordinator = ClusterCoordinator(strategy)``;
-``rvs = [coordinator.schedule(step_fn, args=(it,)) for _ in range(10)]``;
-``coordinator.join()``; ``losses = coordinator.fetch(rvs)``.
 """
 
 from __future__ import annotations
@@ -60,10 +56,7 @@ _worker_class: list[type[ClusterCoordinator]] = []
 
 
 def register_worker_class(cls: type[ClusterCoordinator]) -> None:
-    """Set the coordinator class of worker ranks (``follower.WorkerCoordinator`` does).
-
-    Example: ``register_worker_class(WorkerCoordinator)``.
-    """
+    """Set the coordinator class of worker ranks (``follower.WorkerCoordinator`` does)."""
     _worker_class[:] = [cls]
 
 
@@ -175,8 +168,6 @@ class ClusterCoordinator:
 
         ``PerWorkerValues`` in the arguments become the running worker's component.
         Blocks while more than :data:`CLOSURE_QUEUE_MAX_SIZE` functions wait for a worker.
-
-        Example: ``rv = coordinator.schedule(step_fn, args=(per_worker_iterator,))``.
         """
         args, kwargs = check_schedule(fn, args, kwargs, len(self._workers))
         with self._lock:

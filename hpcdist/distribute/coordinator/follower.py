@@ -64,10 +64,7 @@ class WorkerCoordinator(cc.ClusterCoordinator):
 
     # -- the public API (same as the chief's)
     def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> RemoteValue:
-        """Record closure ``k`` (it runs here only if the chief assigns it to this worker).
-
-        Example: ``rv = coordinator.schedule(step_fn, args=(per_worker_iterator,))``.
-        """
+        """Record closure ``k`` (it runs here only if the chief assigns it to this worker)."""
         self._not_in_closure("schedule")
         args, kwargs = check_schedule(fn, args, kwargs, len(self._workers))
         k = self._count

@@ -132,8 +132,6 @@ def save_ps_shards(strategy: Any, file_prefix: str, variables: list) -> dict:
     Raises :class:`~hpcdist.errors.CheckpointError` naming the ps tasks that failed
     (e.g. an ``OSError`` writing the file) and ``TypeError`` for objects that are not
     ps variables or a strategy that is not a ParameterServerStrategy.
-
-    Example: ``fragment = save_ps_shards(strategy, "/ckpt/ckpt-3", [model_vars, opt])``.
     """
     ext = _extended(strategy)
     found = ps_variables(variables)

@@ -151,8 +151,6 @@ class PSClient:
         """Fill each of ``outs`` with the current value of the matching variable; returns the
         versions. Each out must be a writable C-contiguous NumPy array of its variable's shape
         and dtype (the data is received straight into it).
-
-        Example: ``(version,) = client.pull(0, [5], [out])``.
         """
         ids = [int(i) for i in var_ids]
         if len(ids) != len(outs):
@@ -258,8 +256,6 @@ class PSClient:
         """Asynchronously apply optimizer ``opt_id`` with learning rate ``lr`` to each variable
         with its dense gradient; ``versions[i]`` is the version of variable ``i`` the gradient
         was computed from (for the staleness stats).
-
-        Example: ``client.apply(0, 0, [5, 6], [g5, g6], 0.01, [v5, v6])``.
         """
         n = len(var_ids)
         if not n == len(grads) == len(versions):

@@ -177,10 +177,7 @@ class OptimizerHost:
         return 0 if state is None else state.step
 
     def forget(self, var_id: int) -> None:
-        """Drop every slot of ``var_id`` (when the variable is created anew).
-
-        Example: ``host.forget(3)``.
-        """
+        """Drop every slot of ``var_id`` (when the variable is created anew)."""
         for key in [k for k in self._states if k[1] == var_id]:
             del self._states[key]
 
@@ -314,8 +311,6 @@ class OptimizerHost:
     ) -> None:
         """Update ``param`` (contiguous) in place with gradient ``grad`` (same size; may be clipped
         in place when it has ``param``'s dtype).
-
-        Example: ``host.apply_dense(0, 3, p, g, lr=0.01)``.
         """
         opt = self._prepare(opt_id, var_id, param, name)
         if grad.size != param.size:

@@ -16,8 +16,6 @@ file, flush, fsync, rename, directory fsync); the reply carries the file's
 sha256 and size. Restoring first verifies both against what the chief's
 manifest recorded, then checks every array against the live variables (stage),
 and only then changes anything (commit), so a bad file leaves the ps as it was.
-
-Example: ``info = write_shard("/ckpt/ckpt-3.ps-0.npz", 0, server.vars, server.host, [0, 2])``.
 """
 
 from __future__ import annotations
@@ -79,8 +77,6 @@ def write_shard(
 
     Raises :class:`~hpcdist.errors.CheckpointError` for an id this ps does not hold
     and ``OSError`` when the file cannot be written.
-
-    Example: ``write_shard("/ckpt/ckpt-1.ps-0.npz", 0, server.vars, server.host, [0])``.
     """
 
     missing = [i for i in ids if i not in variables]
@@ -129,8 +125,6 @@ def write_shard(
 def verify_file(path: str, sha256: str, nbytes: int) -> None:
     """Raise :class:`~hpcdist.errors.CheckpointCorruptError` naming ``path`` unless the file
     exists with ``nbytes`` bytes and sha256 ``sha256``.
-
-    Example: ``verify_file("/ckpt/ckpt-1.ps-0.npz", manifest_sha, manifest_bytes)``.
     """
 
     if not os.path.isfile(path):
@@ -279,8 +273,6 @@ def commit_restore(staged: list, variables: dict[int, Any], host: Any) -> int:
     """Apply a restore from :func:`stage_restore`: values, versions, then optimizer state (a
     restored variable's state under other optimizers is dropped, as at the save); returns
     the number of variables restored.
-
-    Example: ``commit_restore(staged, server.vars, server.host)``.
     """
     for vid, value, version, states in staged:
         var = variables[vid]

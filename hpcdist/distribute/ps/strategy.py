@@ -20,9 +20,6 @@ Two styles of program work: every worker runs the training loop itself (TF1
 style, ``extended.call_for_each_replica`` plus a global step on the ps), or a
 chief schedules functions on the workers with
 :class:`~hpcdist.distribute.coordinator.ClusterCoordinator` (TF2 style).
-
-Example: ``hd.ParameterServerStrategy(hd.cluster_resolver.MPIClusterResolver(jobs={"ps": 1,
-"worker": 3}))`` under ``mpirun -n 4``.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ import itertools
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -59,17 +56,25 @@ from hpcdist.runtime import world
 log = logging.getLogger("hpcdist.ps")
 
 
+class _TaskView(NamedTuple):
+    """What each rank tells the others in :func:`_tasks`."""
+
+    task_type: str
+    task_id: int
+    error: str  # the resolver's error ("" when none), reported on every rank
+
+
 def _tasks(comm: Any, resolver: ClusterResolver) -> list[tuple[str, int]]:
     """Every rank's ``(task_type, task_id)``, by rank (collective; the same list everywhere)."""
     try:
-        mine: tuple[Any, ...] = (str(resolver.task_type), int(resolver.task_id or 0), "")
+        mine = _TaskView(str(resolver.task_type), int(resolver.task_id or 0), "")
     except Exception as error:  # reported on every rank below
-        mine = ("?", -1, f"{type(error).__name__}: {error}")
-    views = comm.allgather(mine)
-    bad = [f"rank {r}: {v[2]}" for r, v in enumerate(views) if v[2]]
+        mine = _TaskView("?", -1, f"{type(error).__name__}: {error}")
+    views: list[_TaskView] = comm.allgather(mine)
+    bad = [f"rank {r}: {v.error}" for r, v in enumerate(views) if v.error]
     if bad:
         raise ClusterConfigError("ParameterServerStrategy: no task for " + "; ".join(bad))
-    return [(v[0], v[1]) for v in views]
+    return [(v.task_type, v.task_id) for v in views]
 
 
 class ParameterServerExtended(StrategyExtended):
@@ -80,18 +85,24 @@ class ParameterServerExtended(StrategyExtended):
 
     def __init__(
         self,
+        strategy: Any,
         roles: PSRoles,
         devices: Sequence[Device],
         partitioner: Any,
         ps_comm: Any,
         coordination_comm: Any,
+        *,
+        client: PSClient,
+        cluster_resolver: ClusterResolver,
     ) -> None:
-        super().__init__(devices, num_workers=1, between_graph=True)
+        super().__init__(
+            strategy, devices, num_workers=1, between_graph=True, cluster_resolver=cluster_resolver
+        )
         self._roles = roles
         self._ps_comm = ps_comm
         self._coordination_comm = coordination_comm
         self._partitioner = partitioner
-        self._client: Any = None
+        self._client = client
         self._next_id = itertools.count()
         self._next_optimizer_id = itertools.count()
         self._run_token: int | None = None
@@ -100,7 +111,6 @@ class ParameterServerExtended(StrategyExtended):
         self._colocate_ps: int | None = None
         self._global_step_var: Any = None
         self._closed = False
-        self._cluster_resolver: ClusterResolver | None = None
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -162,13 +172,13 @@ class ParameterServerExtended(StrategyExtended):
             return self._colocate_ps
         return var_id % self._num_ps
 
-    def _create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
+    def create_variable(self, initial_value: Any, dtype: Any, shape: Any, spec: dict) -> Any:
         """A PSVariable (or a ShardedVariable of them); sync-on-read variables stay local."""
         self._check_open()
         if spec["synchronization"] is vs.VariableSynchronization.ON_READ:
-            return super()._create_variable(initial_value, dtype, shape, spec)
+            return super().create_variable(initial_value, dtype, shape, spec)
         if spec["synchronization"] is vs.VariableSynchronization.NONE:
-            return super()._create_variable(initial_value, dtype, shape, spec)  # raises
+            return super().create_variable(initial_value, dtype, shape, spec)  # raises
         value = np.array(to_host(vs.initial_array(initial_value, dtype, shape)), order="C")
         shards = self._num_shards(value)
         if shards <= 1:
@@ -224,16 +234,6 @@ class ParameterServerExtended(StrategyExtended):
 
     # -- the public interface of the ps updates (remote_updates) ---------------------------
     @property
-    def strategy(self) -> Any:
-        """The :class:`ParameterServerStrategy` this extended API belongs to."""
-        return self._strategy
-
-    @property
-    def num_local_replicas(self) -> int:
-        """How many replicas this task runs."""
-        return self._num_local_replicas
-
-    @property
     def ps_client(self) -> Any:
         """The :class:`~hpcdist.distribute.ps.client.PSClient` that talks to the ps tasks."""
         return self._client
@@ -243,7 +243,7 @@ class ParameterServerExtended(StrategyExtended):
 
         ``spec``: ``name``, ``trainable``, ``synchronization``, ``aggregation``.
         """
-        return self._create_variable(initial_value, None, None, spec)
+        return self.create_variable(initial_value, None, None, spec)
 
     def register_optimizer(self, optimizer: Any) -> int:
         """The id of ``optimizer`` on the ps (registered with every ps on first use)."""
@@ -331,19 +331,24 @@ class ParameterServerStrategy(Strategy):
             job=roles.task_type,
             task=roles.task_id,
         )
-        extended = ParameterServerExtended(
-            roles, local, variable_partitioner, ps_comm, coordination_comm
-        )
         initializer = roles.is_chief or (roles.chief_rank is None and roles.worker_index == 0)
-        extended._client = PSClient(ps_comm, roles.ps_ranks, initializer=initializer)
-        extended._cluster_resolver = resolver
+        extended = ParameterServerExtended(
+            self,
+            roles,
+            local,
+            variable_partitioner,
+            ps_comm,
+            coordination_comm,
+            client=PSClient(ps_comm, roles.ps_ranks, initializer=initializer),
+            cluster_resolver=resolver,
+        )
         super().__init__(extended)
         atexit.register(extended._shutdown)
 
     @property
     def cluster_resolver(self) -> ClusterResolver:
         """The cluster resolver the roles came from."""
-        return getattr(self, "_cluster_resolver", None) or self._extended._cluster_resolver
+        return getattr(self, "_cluster_resolver", None) or self._extended.cluster_resolver
 
     @property
     def extended(self) -> Any:

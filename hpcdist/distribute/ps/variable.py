@@ -123,7 +123,7 @@ class PSVariable(Variable):
         return self._shape[0]
 
     # -- reading ---------------------------------------------------------------------------
-    def _read(self) -> Any:
+    def raw_value(self) -> Any:
         """The cached value, pulled first unless this run step pulled it already."""
         ext = self._ext
         token = ext._run_token
@@ -151,7 +151,7 @@ class PSVariable(Variable):
     # -- writing ---------------------------------------------------------------------------
     def _converted(self, value: Any) -> np.ndarray:
         if isinstance(value, Variable):
-            value = value._read()
+            value = value.raw_value()
         value = np.asarray(to_host(asarray(value)))
         if tuple(value.shape) != self._shape:
             raise ValueError(
@@ -192,7 +192,7 @@ class PSVariable(Variable):
         return self if read_value else None
 
     def _repr_value(self) -> str:
-        return np.array2string(self._read(), threshold=20)
+        return np.array2string(self.raw_value(), threshold=20)
 
 
 __all__ = ["PSVariable"]

@@ -10,9 +10,9 @@ invalid on some ranks only raise :class:`~hpcdist.errors.HorovodMismatchError`
 on every rank of the set.
 
 Dtypes: uint8, int8, int16, int32, int64, float16, bfloat16, float32,
-float64 and bool (bool: allreduce with Min/Max only; bfloat16 is reduced in
-float32 and rounded once). ``Average`` of integers divides with floor, as
-Horovod does. Tensors on a GPU travel through host memory.
+float64 and bool (bool: allreduce with Min/Max only; bfloat16 goes to the
+engine as it is, which reduces it in float32 and rounds once). ``Average`` of
+integers divides with floor, as Horovod does. Tensors on a GPU travel through host memory.
 
 Example:
     >>> import torch, hpcdist.horovod.torch as hvd
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcdist import arrays as interop
 from hpcdist.horovod.common import basics
 from hpcdist.horovod.common.ops import (
     ENGINE_OP,
@@ -83,22 +84,38 @@ def _check(tensors: Sequence[Any], what: str) -> list[torch.Tensor]:
     return list(tensors)
 
 
-def _host(t: torch.Tensor, reduce: bool) -> np.ndarray:
-    """The tensor's values as a NumPy array (a view where possible)."""
+def _host(t: torch.Tensor, reduce: bool = False) -> np.ndarray:
+    """The tensor's values as a NumPy array (a view where possible; bfloat16 as the
+    engine's bfloat16 dtype, which it reduces in float32 with one rounding)."""
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
+    t = t.contiguous()
     if t.dtype == torch.bfloat16:
-        t = t.float() if reduce else t.contiguous().view(torch.int16)
-    return t.contiguous().numpy()
+        return np.asarray(interop.import_array(t))
+    return t.numpy()
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A NumPy result as a tensor (no copy; the engine's bfloat16 as torch's)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _like(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``out`` with ``like``'s dtype, shape and device."""
+    if out.dtype != like.dtype:
+        out = out.to(like.dtype)
+    out = out.reshape(like.shape) if out.numel() == like.numel() else out
+    return out if like.device.type == "cpu" else out.to(like.device)
 
 
 def _back(a: np.ndarray, like: torch.Tensor, reduced: bool = False) -> torch.Tensor:
-    """``a`` as a tensor of ``like``'s dtype and device."""
-    out = torch.from_numpy(np.ascontiguousarray(a))
-    if like.dtype == torch.bfloat16:
-        out = out.to(torch.bfloat16) if reduced else out.view(torch.bfloat16)
-    elif out.dtype != like.dtype:
+    """``a`` as a tensor of ``like``'s dtype and device (any shape)."""
+    out = _tensor(a)
+    if out.dtype != like.dtype:
         out = out.to(like.dtype)
     return out if like.device.type == "cpu" else out.to(like.device)
 
@@ -169,7 +186,8 @@ def _allreduce_start(
                 raise TypeError(f"Adasum reduces floating tensors; got {t.dtype}")
         arrays = []
         for t in ts:
-            a = _host(t, reduce=True)
+            adasum_bf16 = how == Adasum and t.dtype == torch.bfloat16
+            a = _host(t.float() if adasum_bf16 else t, reduce=True)
             if prescale_factor != 1.0:
                 a = (a * prescale_factor).astype(a.dtype)
             arrays.append(a)
@@ -181,12 +199,12 @@ def _allreduce_start(
         def finish(results: list[np.ndarray]) -> Any:
             outs = []
             for t, r in zip(ts, results, strict=True):
-                out = torch.from_numpy(np.ascontiguousarray(r))
+                out = _tensor(r)
                 if how == Average and not floats:  # the engine summed: divide here
                     out = out / size if out.dtype.is_floating_point else out.floor_divide(size)
                 if postscale_factor != 1.0:
                     out = out * postscale_factor
-                out = _back(out.numpy(), t, reduced=True).reshape(t.shape)
+                out = _like(out, t)
                 if inplace:
                     with torch.no_grad():
                         t.copy_(out)
@@ -546,12 +564,12 @@ def _reducescatter_start(tensors: Sequence[Any], op: int, process_set: ProcessSe
         def finish(results: list[np.ndarray]) -> Any:
             outs = []
             for t, r in zip(ts, results, strict=True):
-                out = torch.from_numpy(np.ascontiguousarray(r))
+                out = _tensor(r)
                 if how == Average and not floats:  # the engine summed: divide here
                     out = out / size if out.dtype.is_floating_point else out.floor_divide(size)
                 if postscale_factor != 1.0:
                     out = out * postscale_factor
-                outs.append(_back(out.numpy(), t, reduced=True))
+                outs.append(out.to(t.dtype) if t.device.type == "cpu" else out.to(t))
             return outs if grouped else outs[0]
 
         tag = _tag(ts, _OP_NAMES[how], prescale_factor, postscale_factor)

@@ -32,6 +32,7 @@ from hpcdist.horovod.common.ops import Adasum, Average, Sum
 from hpcdist.horovod.common.process_sets import ProcessSet, global_process_set
 from hpcdist.horovod.common.runner import Call, Runner
 from hpcdist.horovod.torch.compression import Compression, Compressor
+from hpcdist.horovod.torch.mpi_ops import _host, _tensor
 from hpcdist.runtime import mpi
 
 
@@ -57,15 +58,13 @@ class _GradientEngine(Collectives):
         for t in tensors:
             s = t / self.predivide if self.predivide != 1.0 else t
             if self.wire is not None and s.dtype.is_floating_point and s.dtype != self.wire:
-                s = s.to(self.wire)
-                if self.wire == torch.bfloat16:  # the engine reduces bf16 values in float32
-                    s = s.float()
+                s = s.to(self.wire)  # the engine reduces 16-bit floats in float32, rounds once
             sent.append(s)
         if self.runner is not None:  # negotiated: ranks that joined take part with zeros
-            arrays = [s.detach().contiguous().numpy() for s in sent]
+            arrays = [_host(s) for s in sent]
             results = self.runner.run(Call("allreduce", arrays, op=op.value,
                                            tag="DistributedOptimizer"))
-            got = [torch.from_numpy(r) for r in results]
+            got = [_tensor(r) for r in results]
         else:
             got = super().allreduce(sent, op, options)
         targets = list(out) if out is not None else [torch.empty_like(t) for t in tensors]

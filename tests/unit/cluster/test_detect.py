@@ -6,12 +6,15 @@ import importlib
 import inspect
 import json
 import socket
+from typing import Any
 
 import pytest
 
-from hpcdist.cluster.detect import RESOLVER_KWARGS, describe_environment, resolve
+from hpcdist.cluster.base import ClusterResolver, SimpleClusterResolver, detectable_resolvers
+from hpcdist.cluster.detect import describe_environment, resolve
 from hpcdist.cluster.mpi import MPIClusterResolver
 from hpcdist.cluster.slurm import SlurmClusterResolver
+from hpcdist.cluster.spec import ClusterSpec
 from hpcdist.cluster.tfconfig import TFConfigClusterResolver
 from hpcdist.errors import LauncherConfigError
 from tests.unit.cluster.captured import fixture_ranks
@@ -151,11 +154,36 @@ def test_unknown_keyword_is_a_type_error() -> None:
 
 
 def test_every_resolver_takes_the_keywords_listed() -> None:
-    classes = [MPIClusterResolver, TFConfigClusterResolver, SlurmClusterResolver]
-    assert sorted(RESOLVER_KWARGS) == sorted(cls.__name__ for cls in classes)
+    classes = (TFConfigClusterResolver, MPIClusterResolver, SlurmClusterResolver)
+    assert detectable_resolvers() == classes  # registered by class, in the order tried
     for cls in classes:
         params = set(inspect.signature(cls).parameters)
-        assert RESOLVER_KWARGS[cls.__name__] <= params, cls.__name__
+        assert cls.resolve_kwargs and cls.resolve_kwargs <= params, cls.__name__
+
+
+def test_a_resolver_registers_by_class_and_is_tried_in_its_place() -> None:
+    class SiteResolver(SimpleClusterResolver):
+        detect_order = -1  # before TF_CONFIG
+        resolve_kwargs = frozenset({"site"})
+
+        def __init__(self, environ: Any = None, site: str = "") -> None:
+            super().__init__(ClusterSpec({"worker": [f"{site}:1"]}), task_type="worker", task_id=0)
+
+        @classmethod
+        def detected(cls, environ: Any, launch: Any) -> str | None:
+            return "SITE is set" if "SITE" in environ else None
+
+    try:
+        assert detectable_resolvers()[0] is SiteResolver
+        r = resolve({"SITE": "1"}, site="n7", hosts=["n1"])  # hosts: MPI's, dropped here
+        assert type(r) is SiteResolver and r.cluster_spec().as_dict() == {"worker": ["n7:1"]}
+        assert describe_environment({"SITE": "1"})["reason"] == "SITE is set"
+        assert type(resolve({})) is MPIClusterResolver  # does not fit: the next one is tried
+    finally:
+        ClusterResolver._registered.remove(SiteResolver)
+    assert detectable_resolvers() == (
+        TFConfigClusterResolver, MPIClusterResolver, SlurmClusterResolver
+    )
 
 
 def test_malformed_launcher_variables() -> None:

@@ -232,7 +232,7 @@ def test_set_default_timeout_validates_and_overrides(default_timeout):
 
 def test_default_timeout_is_read_from_the_environment_once(monkeypatch, default_timeout):
     monkeypatch.setenv("HPCDIST_TIMEOUT_SECONDS", "42")
-    monkeypatch.setattr(options_module._Default, "unset", True)
+    monkeypatch.setattr(options_module.Default, "unset", True)
     assert get_default_timeout() == 42.0
     monkeypatch.setenv("HPCDIST_TIMEOUT_SECONDS", "7")
     assert get_default_timeout() == 42.0

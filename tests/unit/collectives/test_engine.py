@@ -277,13 +277,14 @@ def test_blocking_mode_checks_metadata_then_uses_blocking_calls():
     assert comm.calls == ["Iallreduce"]
 
 
-def test_float16_travels_as_float32_and_comes_back_as_float16():
+def test_float16_travels_as_float16_and_is_summed_in_float32_by_its_owner():
     comm = FakePeerComm()
-    out = _over_fake(comm).allreduce([np.array([1.5, -2.0], np.float16)], "MEAN")
-    assert comm.calls == ["Iallreduce", "Allreduce"]
-    assert comm.args[1][1].dtype == np.float32  # reduced in place in float32
-    assert out[0].dtype == np.float16
-    np.testing.assert_array_equal(out[0], np.array([0.75, -1.0], np.float16))
+    out = _over_fake(comm).allreduce([np.ones(100, np.float16)], "MEAN")
+    # reduce-scatter then all-gather of 16-bit values (hpcdist.collectives.wire16):
+    # rank 0 owns elements 0-63, sends 64-99 (72 bytes), then sends its 64 (128 bytes)
+    assert comm.calls == ["Iallreduce", "Sendrecv", "Sendrecv"]
+    assert [comm.args[i][0].nbytes for i in (1, 2)] == [72, 128]
+    assert out[0].dtype == np.float16 and out[0].shape == (100,)
 
 
 def test_mpi_message_bytes_splits_the_fused_buffer():

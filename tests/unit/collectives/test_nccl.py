@@ -53,7 +53,7 @@ def _sample(dtype: str, n: int, seed: int) -> np.ndarray:
 # ---- maps and availability ----
 
 def test_dtype_and_op_maps_name_cupy_constants():
-    assert {str(d) for d in nc.NCCL_DTYPE_NAMES} == set(NCCL_DTYPES)
+    assert {str(d) for d in nc.NCCL_DTYPE_NAMES} == {*NCCL_DTYPES, "bfloat16"}
     for dtype, name in nc.NCCL_DTYPE_NAMES.items():
         assert name == f"NCCL_{dtype.name.upper()}"
         assert fake_nccl.DTYPES[getattr(fake_nccl, name)] == dtype
@@ -61,7 +61,7 @@ def test_dtype_and_op_maps_name_cupy_constants():
                                 ReduceOp.MAX: "NCCL_MAX"}
     # CuPy's values (cupy_backends/cuda/libs/nccl.pxd), which the fake copies
     assert (fake_nccl.NCCL_SUM, fake_nccl.NCCL_MAX, fake_nccl.NCCL_MIN) == (0, 2, 3)
-    assert (fake_nccl.NCCL_FLOAT16, fake_nccl.NCCL_FLOAT64) == (6, 8)
+    assert (fake_nccl.NCCL_FLOAT16, fake_nccl.NCCL_FLOAT64, fake_nccl.NCCL_BFLOAT16) == (6, 8, 9)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")

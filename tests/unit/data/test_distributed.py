@@ -578,7 +578,7 @@ def test_nodes_declare_whether_they_wait_outside_the_gil():
         for cls in vars(module).values()
         if isinstance(cls, type) and issubclass(cls, Dataset) and cls.__module__ == module.__name__
     ]
-    nodes.remove(sources._IndexedSource)  # the base of TensorSliceDataset and RangeDataset
+    nodes.remove(sources.IndexedSource)  # the base of TensorSliceDataset and RangeDataset
     waiting = {c.__name__ for c in nodes if c.releases_gil}
     assert waiting == {"FileReaderDataset", "GeneratorDataset", "MapDataset"}
     assert len(nodes) - len(waiting) == 14  # the in-memory nodes say so themselves

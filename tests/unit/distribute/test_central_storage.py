@@ -108,7 +108,7 @@ def test_variables_are_one_copy_on_the_parameter_device(cs):
     assert v.device == CPU0 and v.name == "v"
     assert cs.extended.variable_created_in_scope(v)
     assert cs.experimental_local_results(v) == (v,)  # not mirrored: one component
-    seen = cs.run(lambda: (rid(), v._read()))
+    seen = cs.run(lambda: (rid(), v.raw_value()))
     (r0, first), (r1, second) = cs.experimental_local_results(seen)
     assert (r0, r1) == (0, 1)
     assert first is v._value and second is v._value  # both replicas read the single copy
@@ -226,7 +226,7 @@ def test_sync_on_read_variables_are_per_replica(cs):
     assert isinstance(v, SyncOnReadVariable)
     assert [c.device for c in v.values] == [CPU0, CPU1]
     cs.run(lambda: v.assign_add(np.float64(rid() + 1)))
-    assert [float(c._read()) for c in v.values] == [1.0, 2.0]
+    assert [float(c.raw_value()) for c in v.values] == [1.0, 2.0]
     assert float(v) == 3.0  # summed when read in the cross-replica context
 
 
@@ -241,7 +241,7 @@ def test_metrics_sum_over_the_compute_replicas(cs):
     cs.run(mean.update_state, args=(per_replica,))
     assert float(mean.result()) == pytest.approx(np.mean(np.concatenate(values)))
     mean.reset_state()
-    assert all(float(c._read()) == 0.0 for w in mean.variables for c in w.values)
+    assert all(float(c.raw_value()) == 0.0 for w in mean.variables for c in w.values)
 
 
 # -- the strategy API as for MirroredStrategy ------------------------------------------------------

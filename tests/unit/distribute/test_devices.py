@@ -20,7 +20,7 @@ from hpcdist.distribute.devices import (
     parse_device,
     visible_gpu_count,
 )
-from hpcdist.errors import HpcdistError
+from hpcdist.errors import GpuSetupError, HpcdistError
 
 LOCAL = "/job:localhost/replica:0/task:0/device:"
 
@@ -269,8 +269,47 @@ def test_visible_gpu_count_asks_cupy_each_time(monkeypatch: pytest.MonkeyPatch) 
     assert visible_gpu_count() == 3
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(1))
     assert visible_gpu_count() == 1  # nothing cached
-    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(RuntimeError("no CUDA driver")))
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(_CudaError(100)))  # no device
     assert visible_gpu_count() == 0
+
+
+class _CudaError(RuntimeError):
+    """What CuPy's CUDARuntimeError carries: the cudaError_t in ``status``."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"cudaError {status}")
+        self.status = status
+
+
+def test_visible_gpu_count_refuses_a_broken_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # hd.MirroredStrategy() with a broken CuPy used to train on the CPU without a word
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(devices, "nvidia_driver_present", lambda: False)
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(_CudaError(35)))
+    assert visible_gpu_count() == 0  # no NVIDIA driver at all: a CPU machine
+    monkeypatch.setattr(devices, "nvidia_driver_present", lambda: True)
+    with pytest.raises(GpuSetupError, match="cupy-cuda13x.*gpu-cuda12.*CUDA_VISIBLE_DEVICES"):
+        visible_gpu_count()  # a driver too old for this CuPy wheel
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(AttributeError("no runtime")))
+    with pytest.raises(GpuSetupError, match="cannot count the GPUs.*AttributeError"):
+        visible_gpu_count()
+    broken = types.ModuleType("cupy")
+    monkeypatch.setitem(sys.modules, "cupy", broken)  # "import cupy" gives a module lacking .cuda
+    with pytest.raises(GpuSetupError):
+        visible_gpu_count()
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    monkeypatch.setattr("builtins.__import__", _failing_import)
+    with pytest.raises(GpuSetupError, match="fails to import.*libcudart"):
+        visible_gpu_count()
+
+
+_real_import = __import__
+
+
+def _failing_import(name: str, *args: object, **kwargs: object) -> object:
+    if name == "cupy":
+        raise ImportError("libcudart.so.13: cannot open shared object file")
+    return _real_import(name, *args, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", ["", "-1", "NoDevFiles"])

@@ -547,7 +547,7 @@ def test_local_gpu_all_reduce_gives_each_replica_the_nccl_sum_on_its_gpu(
     a, b = np.arange(6, dtype=np.float32), np.full(6, 10, np.float32)
     c, d = np.ones(2, np.float64), np.full(2, 3.0)
     before = fake_nccl.calls["allReduce"]
-    out = ext._local_gpu_all_reduce(hd.ReduceOp.SUM, [pair(a, b), pair(c, d)])
+    out = ext.local_gpu_all_reduce(hd.ReduceOp.SUM, [pair(a, b), pair(c, d)])
     assert ext._cross_device_ops.last_route == "nccl"
     assert fake_nccl.calls["allReduce"] == before + 4  # two leaves, one call per GPU each
     assert len(out) == 2
@@ -556,4 +556,4 @@ def test_local_gpu_all_reduce_gives_each_replica_the_nccl_sum_on_its_gpu(
         np.testing.assert_array_equal(leaves[0].get(), a + b)
         np.testing.assert_array_equal(leaves[1].get(), c + d)
     host = PerReplica((np.ones(2), np.ones(2)))
-    assert ext._local_gpu_all_reduce(hd.ReduceOp.SUM, [pair(a, b), host]) is None
+    assert ext.local_gpu_all_reduce(hd.ReduceOp.SUM, [pair(a, b), host]) is None

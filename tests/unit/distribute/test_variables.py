@@ -285,7 +285,7 @@ def test_mirrored_components_are_separate_copies(s):
     source = np.arange(3.0)
     v = make(s, source, name="w")
     source[0] = 50.0
-    a, b = (c._read() for c in v.values)
+    a, b = (c.raw_value() for c in v.values)
     assert not np.shares_memory(a, b)
     assert comps(v) == [[0.0, 1.0, 2.0]] * 2
     assert v.shape == (3,) and v.dtype == np.float64
@@ -564,9 +564,9 @@ def test_sync_on_read_metadata_without_aggregation(s):
 def test_sync_on_read_metadata_does_not_reduce(s, monkeypatch):
     v = make(s, np.zeros(3), synchronization="ON_READ", aggregation="SUM")
     calls = []
-    original = s.extended._reduce_leaves
+    original = s.extended.reduce_leaves
     monkeypatch.setattr(
-        s.extended, "_reduce_leaves", lambda *a, **k: calls.append(1) or original(*a, **k)
+        s.extended, "reduce_leaves", lambda *a, **k: calls.append(1) or original(*a, **k)
     )
     assert (v.ndim, v.size, len(v)) == (1, 3, 3)
     assert calls == []

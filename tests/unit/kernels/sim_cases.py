@@ -145,3 +145,29 @@ def test_host_arrays_and_mixed_buckets_are_rejected():
     with pytest.raises(ValueError, match="MEAN with divisor 2 on int32"):
         ints = cuda.to_device(np.ones((2, 4), np.int32))
         reduce_slots_cuda(ints, 0, 4, cuda.to_device(np.zeros(4, np.int32)), 0, MEAN, 2)
+
+
+def test_pack_builds_a_bucket_table_once_per_layout(monkeypatch):
+    # A table per call meant a host-to-device copy and a Numba allocation on every pack.
+    from hpcdist.kernels import cuda as kernels
+
+    uploads = []
+    real = kernels._upload
+    monkeypatch.setattr(kernels, "_upload", lambda *a: uploads.append(a) or real(*a))
+    monkeypatch.setattr(kernels, "_TABLES", kernels.OrderedDict())
+    tensors = [cuda.to_device(np.arange(n, dtype=np.float32)) for n in (3, 5)]
+    flat = cuda.to_device(np.zeros(8, np.float32))
+    for _ in range(3):
+        pack_cuda(tensors, flat)
+        unpack_cuda(flat, tensors, scale=2.0)
+    assert len(uploads) == 2  # addrs and offsets, once
+    assert kernels.cached_table(tensors) is kernels.cached_table(tensors)
+    assert kernels.cached_table(tensors).tensors == ()  # the cache keeps no tensor alive
+    np.testing.assert_array_equal(tensors[1].copy_to_host(), np.arange(5) * 8)
+    other = [tensors[1], tensors[0]]  # another layout: its own table
+    pack_cuda(other, flat)
+    np.testing.assert_array_equal(flat.copy_to_host(), [0, 8, 16, 24, 32, 0, 8, 16])
+    assert len(uploads) == 4
+    monkeypatch.setattr(kernels, "TABLE_CACHE_SIZE", 1)
+    pack_cuda(tensors[:1], flat)  # a third layout evicts the least recently used
+    assert len(kernels._TABLES) == 1

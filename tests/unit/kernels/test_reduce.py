@@ -160,7 +160,11 @@ def test_min_max_propagate_nan_from_any_row():
         ({"op": MEAN, "divisor": 0}, ValueError, "MEAN divisor is 0"),
         ({"out": np.zeros(4, np.float64)}, TypeError, "out is float64 array"),
         ({"slots": np.zeros(4, np.float32)}, TypeError, "expected a 2-D slots array"),
-        ({"slots": np.zeros((2, 4), bool), "out": np.zeros(4, bool)}, TypeError, "among float16"),
+        (
+            {"slots": np.zeros((2, 4), bool), "out": np.zeros(4, bool)},
+            TypeError,
+            "among bfloat16, float16",
+        ),
         (
             {"slots": np.zeros((2, 4), np.int32), "out": np.zeros(4, np.int32), "op": MEAN},
             TypeError,

@@ -232,13 +232,13 @@ def test_results_issues_one_batched_reduction(strategy, monkeypatch):
     with strategy.scope():
         ms = make_metrics()
     calls = []
-    original = strategy.extended._reduce_leaves
+    original = strategy.extended.reduce_leaves
 
     def counting(op, leaves, options=None):
         calls.append(len(leaves))
         return original(op, leaves, options)
 
-    monkeypatch.setattr(strategy.extended, "_reduce_leaves", counting)
+    monkeypatch.setattr(strategy.extended, "reduce_leaves", counting)
     results(ms + ms[:2])  # repeated metrics are reduced once
     assert calls == [sum(len(m.variables) for m in ms)]
 

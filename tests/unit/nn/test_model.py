@@ -236,8 +236,8 @@ def test_save_is_not_collective_and_only_the_chief_writes(tmp_path, strategy, mo
     def collective(*args, **kwargs):
         raise AssertionError("save_weights must not run a collective")
 
-    monkeypatch.setattr(strategy.extended, "_reduce_leaves", collective)
-    monkeypatch.setattr(strategy.extended, "_broadcast_initial_value", collective)
+    monkeypatch.setattr(strategy.extended, "reduce_leaves", collective)
+    monkeypatch.setattr(strategy.extended, "broadcast_initial_value", collective)
     model.save_weights(tmp_path / "chief.npz")
     assert (tmp_path / "chief.npz").exists()
     worker = types.SimpleNamespace(extended=types.SimpleNamespace(should_checkpoint=False))

@@ -53,7 +53,7 @@ def test_fit_on_two_logical_devices_matches_one_device(float64):
     np.testing.assert_allclose(h.history["accuracy"], r.history["accuracy"], rtol=1e-12)
     # The replicas' copies stay identical.
     for v in model.trainable_variables:
-        np.testing.assert_array_equal(v.values[0]._read(), v.values[1]._read())
+        np.testing.assert_array_equal(v.values[0].raw_value(), v.values[1].raw_value())
 
 
 def test_fit_learns_and_reports_validation(float64):

@@ -18,22 +18,22 @@ def test_variables_are_adopted_into_one_flat_buffer_per_dtype():
     w, b = _vars()
     opt = SGD(0.5)
     opt.apply_gradients([(np.ones((2, 3)), w), (np.ones(4), b)])
-    flat = w._read().base
-    assert flat is b._read().base and flat.ndim == 1 and flat.size == 10
+    flat = w.raw_value().base
+    assert flat is b.raw_value().base and flat.ndim == 1 and flat.size == 10
     np.testing.assert_array_equal(flat, np.r_[np.full(6, 0.5), np.full(4, -0.5)])
-    assert w._read().shape == (2, 3) and w._read().flags.writeable
+    assert w.raw_value().shape == (2, 3) and w.raw_value().flags.writeable
 
 
 def test_without_snapshots_the_update_is_in_place():
     w, b = _vars()
     opt = Adam(0.1)
     opt.apply_gradients([(np.ones((2, 3)), w), (np.ones(4), b)])
-    view, flat_id = w._read(), id(w._read().base)
-    m_view = opt.get_slot(w, "m")._read()
+    view, flat_id = w.raw_value(), id(w.raw_value().base)
+    m_view = opt.get_slot(w, "m").raw_value()
     for _ in range(3):
         opt.apply_gradients([(np.ones((2, 3)), w), (np.ones(4), b)])
-        assert w._read() is view and id(w._read().base) == flat_id  # same buffer, same view
-        assert opt.get_slot(w, "m")._read() is m_view
+        assert w.raw_value() is view and id(w.raw_value().base) == flat_id  # same buffer, same view
+        assert opt.get_slot(w, "m").raw_value() is m_view
     np.testing.assert_allclose(view, w.numpy())
 
 
@@ -43,18 +43,18 @@ def test_a_snapshot_keeps_its_value_after_a_step():
     opt.apply_gradients([(np.ones((2, 3)), w), (np.ones(4), b)])
     snap_w, snap_b = w.value(), b.value()
     kept_w, kept_b = snap_w.copy(), snap_b.copy()
-    old_base = w._read().base
+    old_base = w.raw_value().base
     opt.apply_gradients([(np.ones((2, 3)), w), (np.ones(4), b)])
     np.testing.assert_array_equal(snap_w, kept_w)  # the snapshot did not change
     np.testing.assert_array_equal(snap_b, kept_b)
     assert not snap_w.flags.writeable
-    assert w._read().base is not old_base  # written out of place into a fresh buffer
+    assert w.raw_value().base is not old_base  # written out of place into a fresh buffer
     np.testing.assert_allclose(w.numpy(), kept_w - 0.5 - 0.5 * 0.9)  # and still correct
     np.testing.assert_allclose(b.numpy(), kept_b - 0.5 - 0.5 * 0.9)
     del snap_w, snap_b
-    view = w._read()
+    view = w.raw_value()
     opt.apply_gradients([(np.ones((2, 3)), w), (np.ones(4), b)])
-    assert w._read() is view  # no snapshot left: in place again
+    assert w.raw_value() is view  # no snapshot left: in place again
 
 
 def test_np_asarray_of_a_variable_is_a_snapshot_too():
@@ -101,7 +101,7 @@ def test_a_user_assign_is_adopted_again():
     opt.apply_gradients([(np.ones((2, 3)), w), (np.ones(4), b)])
     np.testing.assert_array_equal(w.numpy(), np.full((2, 3), 9.5))
     np.testing.assert_array_equal(b.numpy(), np.full(4, 0.0))
-    assert w._read().base is b._read().base  # back in one flat buffer
+    assert w.raw_value().base is b.raw_value().base  # back in one flat buffer
 
 
 def test_a_slot_assign_is_adopted_again():
@@ -121,8 +121,8 @@ def test_new_variables_extend_the_layout_and_keep_the_state():
     opt.apply_gradients([(np.ones((2, 3)), w), (np.ones(4), b)])
     np.testing.assert_array_equal(w.numpy(), np.full((2, 3), 1.0 - 1.0 - 1.5))
     np.testing.assert_array_equal(b.numpy(), np.full(4, -1.0))
-    assert w._read().base is b._read().base
-    assert opt.get_slot(w, "m")._read().base is opt.get_slot(b, "m")._read().base
+    assert w.raw_value().base is b.raw_value().base
+    assert opt.get_slot(w, "m").raw_value().base is opt.get_slot(b, "m").raw_value().base
 
 
 def test_flat_buffer_directly():

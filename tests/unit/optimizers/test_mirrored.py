@@ -21,13 +21,13 @@ def strategy():
 
 def _count_reduces(strategy, monkeypatch):
     calls = []
-    original = strategy.extended._reduce_leaves
+    original = strategy.extended.reduce_leaves
 
     def counting(op, leaves, options=None):
         calls.append(len(leaves))
         return original(op, leaves, options)
 
-    monkeypatch.setattr(strategy.extended, "_reduce_leaves", counting)
+    monkeypatch.setattr(strategy.extended, "reduce_leaves", counting)
     return calls
 
 
@@ -80,12 +80,12 @@ def test_each_replica_component_has_its_own_flat_buffer(strategy):
         w, b = hd.Variable(np.ones(3), name="w"), hd.Variable(np.ones(2), name="b")
         opt = SGD(0.1)
     strategy.run(lambda: opt.apply_gradients([(np.ones(3), w), (np.ones(2), b)]))
-    w0, w1 = (c._read() for c in w.values)
-    b0, b1 = (c._read() for c in b.values)
+    w0, w1 = (c.raw_value() for c in w.values)
+    b0, b1 = (c.raw_value() for c in b.values)
     assert w0.base is b0.base and w1.base is b1.base and w0.base is not w1.base
-    view = w.values[1]._read()
+    view = w.values[1].raw_value()
     strategy.run(lambda: opt.apply_gradients([(np.ones(3), w), (np.ones(2), b)]))
-    assert w.values[1]._read() is view  # in place
+    assert w.values[1].raw_value() is view  # in place
     np.testing.assert_allclose(w.values[1].numpy(), 1 - 2 * 0.2)
 
 
@@ -198,7 +198,7 @@ def test_one_merge_call_per_apply_gradients(strategy, monkeypatch):
 @pytest.mark.parametrize(("kind", "config"), [CASES[2], CASES[8]])
 def test_per_replica_sums_from_local_gpus_update_each_replica(monkeypatch, kind, config):
     """With several local GPUs the extended gives one summed copy per replica (NCCL);
-    each replica updates its variables from its own copy and ``_reduce_leaves`` is skipped.
+    each replica updates its variables from its own copy and ``reduce_leaves`` is skipped.
     Here the CPU stand-in gives each replica the sum as a separate array."""
     strategy = hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
     ext = strategy.extended
@@ -210,7 +210,7 @@ def test_per_replica_sums_from_local_gpus_update_each_replica(monkeypatch, kind,
         sums.append(total)
         return [[t.copy() for t in total] for _ in range(2)]
 
-    monkeypatch.setattr(ext, "_local_gpu_all_reduce", on_gpus)
+    monkeypatch.setattr(ext, "local_gpu_all_reduce", on_gpus)
     reduces = _count_reduces(strategy, monkeypatch)
     dtypes = (np.float64, np.float64)
     rng = np.random.default_rng(0)
@@ -245,5 +245,5 @@ def test_per_replica_sums_from_local_gpus_update_each_replica(monkeypatch, kind,
 def test_cpu_replicas_do_not_take_the_local_gpu_sum():
     strategy = hd.MirroredStrategy(["/cpu:0", "/cpu:1"])
     assert (
-        strategy.extended._local_gpu_all_reduce(hd.ReduceOp.SUM, [PerReplica((1.0, 2.0))]) is None
+        strategy.extended.local_gpu_all_reduce(hd.ReduceOp.SUM, [PerReplica((1.0, 2.0))]) is None
     )

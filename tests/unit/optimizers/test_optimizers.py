@@ -189,8 +189,8 @@ def test_mixed_float32_and_float64_variables():
         assert v.dtype == d
         np.testing.assert_allclose(v.numpy(), e, **tol(d))
     # the two float32 variables share one flat buffer, the float64 one has its own
-    assert variables[0]._read().base is variables[2]._read().base
-    assert variables[1]._read().base is not variables[0]._read().base
+    assert variables[0].raw_value().base is variables[2].raw_value().base
+    assert variables[1].raw_value().base is not variables[0].raw_value().base
 
 
 def test_gradients_of_another_dtype_are_cast_to_the_variable_dtype():
