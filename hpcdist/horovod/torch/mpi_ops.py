@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcdist import arrays as interop
 from hpcdist.horovod.common import basics
 from hpcdist.horovod.common.ops import (
     ENGINE_OP,
@@ -46,6 +45,8 @@ from hpcdist.horovod.common.ops import (
 from hpcdist.horovod.common.process_sets import ProcessSet, global_process_set
 from hpcdist.horovod.common.runner import Call, Pending
 from hpcdist.horovod.torch.compression import Compression, Compressor
+from hpcdist.horovod.torch.tensors import from_host as _tensor
+from hpcdist.horovod.torch.tensors import to_host as _host
 
 _OP_NAMES, _ENGINE_OP = OP_NAMES, ENGINE_OP
 _DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -82,26 +83,6 @@ def _check(tensors: Sequence[Any], what: str) -> list[torch.Tensor]:
         if t.is_sparse:
             raise TypeError(f"{what} got a sparse tensor; pass tensor.to_dense()")
     return list(tensors)
-
-
-def _host(t: torch.Tensor, reduce: bool = False) -> np.ndarray:
-    """The tensor's values as a NumPy array (a view where possible; bfloat16 as the
-    engine's bfloat16 dtype, which it reduces in float32 with one rounding)."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        return np.asarray(interop.import_array(t))
-    return t.numpy()
-
-
-def _tensor(a: np.ndarray) -> torch.Tensor:
-    """A NumPy result as a tensor (no copy; the engine's bfloat16 as torch's)."""
-    a = np.ascontiguousarray(a)
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
 
 
 def _like(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

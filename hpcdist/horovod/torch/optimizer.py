@@ -32,7 +32,7 @@ from hpcdist.horovod.common.ops import Adasum, Average, Sum
 from hpcdist.horovod.common.process_sets import ProcessSet, global_process_set
 from hpcdist.horovod.common.runner import Call, Runner
 from hpcdist.horovod.torch.compression import Compression, Compressor
-from hpcdist.horovod.torch.mpi_ops import _host, _tensor
+from hpcdist.horovod.torch.tensors import from_host, to_host
 from hpcdist.runtime import mpi
 
 
@@ -61,10 +61,10 @@ class _GradientEngine(Collectives):
                 s = s.to(self.wire)  # the engine reduces 16-bit floats in float32, rounds once
             sent.append(s)
         if self.runner is not None:  # negotiated: ranks that joined take part with zeros
-            arrays = [_host(s) for s in sent]
+            arrays = [to_host(s) for s in sent]
             results = self.runner.run(Call("allreduce", arrays, op=op.value,
                                            tag="DistributedOptimizer"))
-            got = [_tensor(r) for r in results]
+            got = [from_host(r) for r in results]
         else:
             got = super().allreduce(sent, op, options)
         targets = list(out) if out is not None else [torch.empty_like(t) for t in tensors]
