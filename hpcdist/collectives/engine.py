@@ -79,6 +79,7 @@ import numpy as np
 from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's type out
 from hpcdist.arrays import asarray, device_of, is_array, to_device, to_host
 from hpcdist.collectives import choice, compression
+from hpcdist.collectives.alltoall import alltoall as alltoall_arrays
 from hpcdist.collectives.arrivals import ArrivalBoard, Watch
 from hpcdist.collectives.device_path import DevicePath, has_device_arrays
 from hpcdist.collectives.fusion import (
@@ -684,6 +685,14 @@ class Collectives:
                 lambda check: self._broadcast_plan(items, root, layout, opts, check),
             )
         return [_place(r, p) for r, p in zip(results, places, strict=True)]
+
+    @recorded
+    def alltoall(self, tensor: np.ndarray, splits: Sequence[int] | None = None) -> Any:
+        """Rank ``r`` sends rows ``splits[j]`` of ``tensor`` to rank ``j``: returns ``(rows
+        received in rank order, rows received from each rank)``; see
+        :mod:`hpcdist.collectives.alltoall`. Example: ``out, got = c.alltoall(x, [1, 3])``.
+        """
+        return alltoall_arrays(self, tensor, splits)
 
     @recorded
     def barrier(self, options: CommunicationOptions | None = None) -> None:
