@@ -40,6 +40,7 @@ import numpy as np
 from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's type out
 from hpcdist.arrays import asarray, device_of, to_host
 from hpcdist.collectives import choice, compression
+from hpcdist.collectives.alltoall import alltoall as alltoall_arrays
 from hpcdist.collectives.choice import BAND_KEY, ENV_KEY, band_reads, read_env
 from hpcdist.collectives.device_path import has_device_arrays
 from hpcdist.collectives.fusion import Layout, unfuse
@@ -399,6 +400,14 @@ class Collectives:
         return [place(r, p) for r, p in zip(results, places, strict=True)]
 
     @recorded
+    @recorded
+    def alltoall(self, tensor: np.ndarray, splits: Sequence[int] | None = None) -> Any:
+        """Rank ``r`` sends rows ``splits[j]`` of ``tensor`` to rank ``j``: returns ``(rows
+        received in rank order, rows received from each rank)``; see
+        :mod:`hpcdist.collectives.alltoall`.
+        """
+        return alltoall_arrays(self, tensor, splits)
+
     @recorded
     def barrier(self, options: CommunicationOptions | None = None) -> None:
         """Wait until every rank has reached this barrier."""
