@@ -143,6 +143,8 @@ interop-test: $(VENV)/.frameworks
 	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 2 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
 	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
 	HPCDIST_VIRTUAL_NODES=2 timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 $(MPI_PYTEST:tests/mpi=tests/interop_mpi/test_torch_zero_mpi.py)
+	HPCDIST_VIRTUAL_NODES=2 timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 \
+		$(MPI_PYTEST:tests/mpi=tests/interop_mpi/test_horovod_mpi.py) -k "process_sets or join"
 
 summary-reset:
 	@mkdir -p $(dir $(HPCDIST_TEST_SUMMARY)) && : > $(HPCDIST_TEST_SUMMARY)
@@ -163,6 +165,7 @@ bench: install
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/input_pipeline.py
 	timeout -k 20 900 $(PY) benchmarks/optimizer_update.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/train_throughput.py
+	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/horovod_synthetic.py
 	timeout -k 20 900 $(MPIRUN) -n 4 $(PY) benchmarks/ps_vs_mwms.py
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/checked_collectives.py
 	timeout -k 20 3600 $(PY) benchmarks/multihost.py

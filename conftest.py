@@ -12,4 +12,7 @@ pytest_plugins = ["tests.support.summary"]
 collect_ignore = [
     f"hpcdist/{name}" for name in ("torch", "jax", "tensorflow")
     if importlib.util.find_spec(name) is None
+] + [
+    f"hpcdist/horovod/{name}" for name in ("torch", "tensorflow")
+    if importlib.util.find_spec(name) is None
 ]

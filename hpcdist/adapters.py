@@ -24,6 +24,9 @@ _WORLD: list[Collectives] = []
 def engine_for(strategy: Any = None, private: bool = False) -> Collectives:
     """The collectives engine over the workers of ``strategy`` (default: the current one).
 
+    ``strategy`` may also be a :class:`~hpcdist.collectives.Collectives` engine
+    (a process set's, for instance), which is used as it is.
+
     Outside any strategy scope (the default strategy) this is every rank of
     the MPI world. ``private=True`` gives a new engine over a duplicate of
     the communicator, for a thread that runs collectives of its own.
@@ -32,7 +35,9 @@ def engine_for(strategy: Any = None, private: bool = False) -> Collectives:
     """
     if strategy is None:
         strategy = context.get_strategy()
-    if strategy is context.default_strategy():
+    if isinstance(strategy, Collectives):  # an engine given directly (e.g. a process set's)
+        engine = strategy
+    elif strategy is context.default_strategy():
         if not _WORLD:
             _WORLD.append(Collectives(world().comm))
         engine = _WORLD[0]
@@ -49,5 +54,5 @@ def engine_for(strategy: Any = None, private: bool = False) -> Collectives:
                 "hd.MultiWorkerMirroredStrategy() and start one rank per device"
             )
     if private:
-        return Collectives(engine.comm.Dup(), engine.options)
+        return type(engine)(engine.comm.Dup(), engine.options)
     return engine

@@ -1,4 +1,4 @@
-"""Command line: ``hpcdist info`` and ``hpcdist bench`` (also ``python -m hpcdist ...``).
+"""Command line: ``hpcdist info``, ``bench`` and ``run`` (also ``python -m hpcdist ...``).
 
 ``hpcdist info`` gathers every rank's place (rank, local rank, node, host,
 bound GPUs) on rank 0, which prints one table plus the detected launcher and
@@ -12,6 +12,9 @@ versions of CuPy, NCCL and Numba. ``--json`` prints the same as JSON.
 ``hpcdist timeline merge DIR -o run.json`` merges the ranks' timeline files into
 one Chrome trace; ``hpcdist timeline report DIR`` prints the step and straggler
 report and the flight-recorder divergence (:mod:`hpcdist.observe`).
+
+``hpcdist run -np 4 python train.py`` starts a script on 4 ranks through the
+``mpirun`` beside mpi4py and prints the command (:mod:`hpcdist.launch`).
 
 Example:
     mpirun -n 4 hpcdist info
@@ -34,6 +37,7 @@ from hpcdist.bench import BENCHMARKS, run
 from hpcdist.cluster.detect import describe_environment
 from hpcdist.collectives.nccl import nccl_available
 from hpcdist.errors import HpcdistError
+from hpcdist.launch import run as launch_run
 from hpcdist.observe.analysis import report as timeline_report
 from hpcdist.observe.merge import merge_directory
 from hpcdist.runtime import cuda_aware_support, library_version, mpi, world
@@ -197,6 +201,16 @@ def _timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "run", help="start a script on N ranks with the mpirun beside mpi4py (like horovodrun)"
+    )
+    p.add_argument("-np", "-n", dest="np", type=int, help="number of ranks")
+    p.add_argument("-H", "--hosts", help="hosts and slots, e.g. host1:2,host2:2")
+    p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="the command, e.g. python train.py")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hpcdist`` command."""
     parser = argparse.ArgumentParser(prog="hpcdist", description=__doc__.split("\n\n")[0])
@@ -211,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("benchmark", choices=sorted(BENCHMARKS), help="which benchmark")
     p_bench.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
     _add_timeline_parser(sub)
+    _add_run_parser(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "timeline":
@@ -219,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             return info(as_json=args.json)
         if args.command == "bench":
             return run(args.benchmark, args.options)
+        if args.command == "run":
+            return launch_run(args.program, args.np, args.hosts, args.dry_run)
     except HpcdistError as exc:
         print(f"hpcdist: error: {exc}", file=sys.stderr)
         return 2

@@ -536,3 +536,87 @@ class TimelineError(HpcdistError, ValueError):
 
 
 __all__ += ["TimelineError"]
+
+
+class ProcessSetError(HpcdistError, ValueError):
+    """A process set was used wrongly: a rank outside the set called one of its
+    collectives, its ranks are invalid, or it was removed or never added.
+
+    Example:
+        >>> issubclass(ProcessSetError, ValueError)
+        True
+    """
+
+
+class HorovodInternalError(HpcdistError, RuntimeError):
+    """A collective of :mod:`hpcdist.horovod` failed: Horovod's name, so that
+    ``except HorovodInternalError`` in Horovod scripts keeps catching.
+
+    Example:
+        >>> issubclass(HorovodInternalError, RuntimeError)
+        True
+    """
+
+
+class HorovodNotInitializedError(HpcdistError, ValueError):
+    """A function of :mod:`hpcdist.horovod` that needs ``hvd.init()`` ran before it
+    (a ``ValueError``, as Horovod raises).
+
+    Example:
+        >>> issubclass(HorovodNotInitializedError, ValueError)
+        True
+    """
+
+
+class HostsUpdatedInterrupt(HpcdistError, RuntimeError):  # noqa: N818  (Horovod's name)
+    """Horovod's elastic interrupt; hpcdist never raises it (no elastic mode), it exists
+    so that ``except`` clauses in Horovod scripts still import.
+
+    Example:
+        >>> issubclass(HostsUpdatedInterrupt, RuntimeError)
+        True
+    """
+
+
+class HorovodMismatchError(HorovodInternalError, CollectiveMismatchError):
+    """Ranks called a :mod:`hpcdist.horovod` collective with disagreeing or invalid
+    arguments (on some ranks only): raised on every rank of the process set, naming
+    which ranks passed what. Both a ``HorovodInternalError`` and a
+    :class:`CollectiveMismatchError`.
+
+    Example:
+        >>> issubclass(HorovodMismatchError, (RuntimeError, ValueError))
+        True
+    """
+
+
+class HorovodTimeoutError(HorovodInternalError, CollectiveTimeoutError):
+    """A :mod:`hpcdist.horovod` collective waited longer than the timeout in effect
+    (``HPCDIST_TIMEOUT_SECONDS``): both a ``HorovodInternalError`` and a
+    :class:`CollectiveTimeoutError`.
+
+    Example:
+        >>> issubclass(HorovodTimeoutError, TimeoutError)
+        True
+    """
+
+
+class ElasticUnsupportedError(HorovodInternalError, NotImplementedError):
+    """A name of ``hvd.elastic`` was used: hpcdist has no elastic mode (resume from a
+    checkpoint at any world size instead).
+
+    Example:
+        >>> issubclass(ElasticUnsupportedError, NotImplementedError)
+        True
+    """
+
+
+__all__ += [
+    "ElasticUnsupportedError",
+    "ProcessSetError",
+    "HorovodInternalError",
+    "HorovodNotInitializedError",
+    "HostsUpdatedInterrupt",
+    "HorovodMismatchError",
+    "HorovodTimeoutError",
+]

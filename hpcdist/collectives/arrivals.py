@@ -73,7 +73,6 @@ class Entry(NamedTuple):
 
     ``state`` is ``INSIDE`` (1) until the rank leaves the collective, then
     ``LEFT`` (2); ``NONE`` (0, ``seq`` 0) before its first checked collective.
-    Example: ``Entry(12, LEFT, "allreduce(op=SUM, [float32(4,)])")``.
     """
 
     seq: int
@@ -106,8 +105,6 @@ class ArrivalBoard:
     A host from which no answer comes within the budget has no rank waiting in
     a collective: its ranks are busy in their own code, stopped or dead, and
     are read as ``None``. No read ever waits on a lock another rank holds.
-
-    Example: ``board = ArrivalBoard(comm); board.enter(1, "barrier()"); board.leave(1)``.
     """
 
     def __init__(self, comm: Any) -> None:
@@ -152,14 +149,11 @@ class ArrivalBoard:
         head[3] += 1  # even again: the record is whole
 
     def enter(self, seq: int, text: str) -> None:
-        """Record that this rank entered collective ``seq``, described by ``text``.
-
-        Example: ``board.enter(7, "broadcast(root=0, [int64(3,)])")``.
-        """
+        """Record that this rank entered collective ``seq``, described by ``text``."""
         self._write(seq, INSIDE, text)
 
     def leave(self, seq: int) -> None:
-        """Record that this rank left collective ``seq``. Example: ``board.leave(7)``."""
+        """Record that this rank left collective ``seq``."""
         if self._head[0] == seq:
             self._write(seq, LEFT, None)
 
@@ -194,7 +188,7 @@ class ArrivalBoard:
         """Answer the other hosts' queries for this host's records (never blocks).
 
         The waiting loops of checked collectives call it (through
-        :meth:`Watch.tick`). Example: ``board.serve()``.
+        :meth:`Watch.tick`).
         """
         MPI, msg, status = self._MPI, self._msg, self._status
         while msg.Iprobe(MPI.ANY_SOURCE, _QUERY, status):
@@ -213,7 +207,6 @@ class ArrivalBoard:
         together and their answers awaited with short sleeps, serving their
         queries meanwhile, for at most ``budget`` seconds, then their queries
         are served for :data:`ANSWER_GRACE_S` more (with several hosts only).
-        Example: ``[e.seq if e else None for e in board.read()]``.
         """
         MPI, msg, status = self._MPI, self._msg, self._status
         out: list[Entry | None] = [None] * self.size
@@ -255,7 +248,7 @@ class ArrivalBoard:
         return out
 
     def free(self) -> None:
-        """Free the board (collective over the communicator). Example: ``board.free()``."""
+        """Free the board (collective over the communicator)."""
         self.serve()
         self._sends.clear()  # answers nobody collects; MPI completes them with the communicator
         self._msg.Free()
@@ -370,7 +363,6 @@ class Watch:
         stall: seconds after which to warn once (``None``: never).
 
     The waiting loops call :meth:`tick` between their sleeps.
-    Example: ``w = Watch(board, 0, 12, "allreduce(...)", 30.0, 15.0); w.tick()``.
     """
 
     __slots__ = ("board", "rank", "seq", "what", "timeout", "start", "deadline", "_stall_at")
@@ -394,14 +386,11 @@ class Watch:
         self._stall_at = None if stall is None or stall >= timeout else self.start + stall
 
     def expired(self) -> bool:
-        """Whether the deadline has passed. Example: ``if w.expired(): ...``."""
+        """Whether the deadline has passed."""
         return time.monotonic() > self.deadline
 
     def report(self) -> str:
-        """Where the other ranks are, read from the board (at most about a quarter of a second).
-
-        Example: ``"rank 1 has not arrived (...)"``.
-        """
+        """Where the other ranks are, read from the board (at most about a quarter of a second)."""
         if self.board is None:
             return (
                 "the other ranks' state is unknown (the arrival board is set up at the "
@@ -410,10 +399,7 @@ class Watch:
         return describe_arrivals(self.seq, self.board.read())
 
     def tick(self) -> None:
-        """Answer other hosts' board queries; warn once when the stall threshold has passed.
-
-        Example: ``w.tick()``.
-        """
+        """Answer other hosts' board queries; warn once when the stall threshold has passed."""
         if self.board is not None:
             self.board.serve()
         if self._stall_at is not None and time.monotonic() >= self._stall_at:
@@ -428,8 +414,6 @@ class Watch:
 
     def timeout_error(self, where: str) -> CollectiveTimeoutError:
         """The error for a deadline that passed while waiting ``where`` (``"in Iallreduce"``).
-
-        Example: ``raise w.timeout_error("at a node barrier")``.
         """
         return CollectiveTimeoutError(
             f"{self.what} (collective #{self.seq} on this communicator) did not complete "

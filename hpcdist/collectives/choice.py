@@ -1,5 +1,6 @@
-"""Which backend runs a collective: AUTO's rule, the override variable and bucket sizes.
+"""Which host backend a collective comes to, the override variables and bucket sizes.
 
+The algorithms decide from these (:attr:`hpcdist.collectives.where.Where.backend`).
 AUTO, on the topology of the engine's communicator:
 
 * one rank: no communication;
@@ -14,10 +15,9 @@ wins over it. ``RING`` is MPI's own algorithms; ``NCCL`` applies to GPU arrays
 (:mod:`hpcdist.collectives.device_path`); host arrays asking for it run on MPI.
 ``HPCDIST_SHM_SLOT_BYTES`` sets the size of a shared slot.
 
-Within the route, the algorithm registry (:mod:`hpcdist.collectives.registry`)
-picks the algorithm: on one node of two ranks AUTO sends calls in the size
-band :data:`MPI_BAND` to the MPI library, which is faster there (derived from
-``hpcdist bench strategy`` results by ``benchmarks/mpi_band.py``;
+On one node of two ranks AUTO sends calls in the size band :data:`MPI_BAND`
+to the MPI library, which is faster there (the ``mpi-direct`` algorithm;
+derived from ``hpcdist bench strategy`` results by ``benchmarks/mpi_band.py``;
 ``HPCDIST_MPI_BAND=lo:hi`` in bytes replaces it).
 
 Example:
@@ -31,8 +31,10 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from hpcdist.collectives.options import CommunicationImplementation as CI
 
@@ -52,6 +54,42 @@ BAND_VAR = "HPCDIST_MPI_BAND"
 #: benchmark and that script to regenerate it (docs/performance.md, "AUTO's MPI band").
 MPI_BAND = (4 << 20, 32 << 20)
 _band_cache: dict[str | None, tuple[int, int]] = {}
+
+
+def _c_getenv() -> Callable[[bytes], Any] | None:
+    """The C library's ``getenv`` (which ``os.environ[...] = ...`` updates through
+    ``putenv``), or ``None`` where it cannot be loaded."""
+    if os.name != "posix":
+        return None
+    try:
+        getenv = ctypes.CDLL(None).getenv
+    except (OSError, AttributeError):  # pragma: no cover - no C library to load
+        return None
+    getenv.restype = ctypes.c_char_p
+    getenv.argtypes = [ctypes.c_char_p]
+    return getenv
+
+
+_GETENV = _c_getenv()
+ENV_KEY = ENV_VAR.encode()
+BAND_KEY = BAND_VAR.encode()
+_band_reads = [0]
+
+
+def read_env(name: bytes) -> Any:
+    """The raw value of the environment variable ``name`` now (``None``: unset), read on
+    every call of the engine, so a change takes effect at once: through the C library's
+    ``getenv`` where there is one (a third of ``os.environ``'s cost), else ``os.environ``."""
+    getenv = _GETENV
+    if getenv is not None:
+        return getenv(name)
+    return os.environ.get(name.decode())
+
+
+def band_reads() -> int:
+    """How many times the process's :data:`MPI_BAND` setting was read (a pick that changes
+    it depended on ``HPCDIST_MPI_BAND``)."""
+    return _band_reads[0]
 
 
 def env_implementation(environ: Mapping[str, str] | None = None) -> CI:
@@ -76,7 +114,7 @@ def slot_bytes(local_size: int, environ: Mapping[str, str] | None = None) -> int
     """Bytes of one shared slot on a node of ``local_size`` ranks.
 
     ``DEFAULT_BUCKET_BYTES``, made smaller on nodes with many ranks so the
-    window stays within ``WINDOW_BUDGET_BYTES``. Example: ``slot_bytes(2)``.
+    window stays within ``WINDOW_BUDGET_BYTES``.
     """
     env = os.environ if environ is None else environ
     text = env.get(SLOT_VAR, "").strip()
@@ -117,6 +155,8 @@ def mpi_band(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
         >>> mpi_band({}) == MPI_BAND
         True
     """
+    if environ is None:
+        _band_reads[0] += 1
     env = os.environ if environ is None else environ
     text = env.get(BAND_VAR)
     band = _band_cache.get(text)

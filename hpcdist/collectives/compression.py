@@ -21,15 +21,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationOptions
-
-if TYPE_CHECKING:
-    from hpcdist.collectives.engine import Collectives
 
 
 def compressible(tensor: Any, opts: CommunicationOptions) -> bool:
@@ -44,7 +41,7 @@ def compressible(tensor: Any, opts: CommunicationOptions) -> bool:
 
 
 def split_allreduce(
-    engine: Collectives,
+    engine: Any,  # the engine's front (hpcdist.collectives.Collectives)
     tensors: Sequence[Any],
     op: ReduceOp,
     opts: CommunicationOptions,

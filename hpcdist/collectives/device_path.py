@@ -1,33 +1,14 @@
-"""The engine's path for device (GPU) arrays: NCCL, CUDA-aware MPI, pinned staging.
+"""The device (GPU) half of a session: NCCL communicators, pinned buffers, staging.
 
-:class:`~hpcdist.collectives.engine.Collectives` hands a call here when its
-tensors are device arrays (CuPy, or any array type with a registered
-:class:`~hpcdist.runtime.device.DeviceRuntime`). A call packs each dtype
-group into one flat device buffer (one kernel launch), reduces the buffers by
-one *route*, and returns views of them, on the inputs' GPU:
-
-* ``copy``: a world of one rank (AUTO): copies only.
-* ``nccl``: NCCL over all ranks of the communicator (through ``cupy.cuda.nccl``).
-* ``mpi-device``: MPI with device pointers, when the MPI library is CUDA-aware.
-* ``staged``: copy to pinned host memory, the host path (MPI or shared
-  memory, as asked), copy back. Used whenever MPI is not CUDA-aware: a device
-  pointer never reaches such an MPI library.
-* ``hierarchical``: NCCL reduce to node rank 0, MPI among node leaders
-  (device pointers when CUDA-aware, else staged), NCCL broadcast in the node.
-
-Which route (:func:`choose_route`), from ``CommunicationOptions.implementation``:
-AUTO is ``nccl`` when NCCL is available and no two ranks share a GPU (NCCL refuses
-one GPU twice), else ``mpi-device`` or ``staged``; NCCL is ``nccl`` (even on one
-rank); MPI/RING are ``mpi-device`` or ``staged``; SHM is ``staged``; HIERARCHICAL
-is ``hierarchical`` (``staged`` without NCCL). Groups of a dtype NCCL lacks (int16,
-uint16) are staged.
-
-Each route is an algorithm of the registry (:mod:`hpcdist.collectives.registry`;
-``device-copy``, ``nccl``, ``nccl-hierarchical``, ``mpi-device``, ``device-staged``
-under :mod:`hpcdist.collectives.algorithms`): :meth:`DevicePath.allreduce` asks the
-registry with ``Where(device=True, device_route=...)`` and the algorithm works
-through this class's interface (:meth:`DevicePath.prepare`, :meth:`DevicePath.nccl_comm`,
-:meth:`DevicePath.agree`, :meth:`DevicePath.mpi_reduce`, :meth:`DevicePath.staged_reduce`).
+The engine hands a call here when its tensors are device arrays (CuPy, or
+any array type with a registered :class:`~hpcdist.runtime.device.DeviceRuntime`).
+An allreduce packs each dtype group into one flat device buffer (one kernel
+launch), the device algorithm the registry picks (:mod:`hpcdist.collectives.registry`)
+reduces the buffers through this class's services (:meth:`DevicePath.prepare`,
+:meth:`DevicePath.nccl_comm`, :meth:`DevicePath.agree`,
+:meth:`DevicePath.mpi_reduce`, :meth:`DevicePath.staged_reduce`), and the
+results are views of them, on the inputs' GPU. Broadcast, allgather and
+reduce_scatter take the transport the registry picks for the same facts.
 
 Stream order: all work of a call is enqueued on the caller's current stream
 of that GPU, after the kernels that produced the inputs and before whatever
@@ -37,31 +18,25 @@ streams) is about to read device or pinned memory: after the pack kernel
 (``mpi-device``), after the device-to-host copy (``staged``), after the NCCL
 reduce on a node leader (``hierarchical``). Copies back from a pinned buffer
 are asynchronous; the next call that reuses that buffer first waits for them
-(an event, no host wait).
-
-Example (needs a GPU)::
-
-    c = Collectives()
-    grads = c.allreduce([cupy.ones(3), cupy.zeros(2)], "SUM")   # CuPy results
+(an event, no host wait). A device pointer never reaches an MPI library that
+is not CUDA-aware.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from hpcdist.collectives import choice
 from hpcdist.collectives.metadata import check_dtype, describe_arrays, signature_hash
 from hpcdist.collectives.mpi_backend import Call, Plan, drive
 from hpcdist.collectives.mpi_reduce import reduce_calls
-from hpcdist.collectives.nccl import NcclComm, nccl_available, ranks_share_gpu
+from hpcdist.collectives.nccl import NcclComm, ranks_share_gpu
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
-from hpcdist.collectives.registry import Where, pick
 from hpcdist.runtime import cuda_aware_support
 from hpcdist.runtime.device import (
     DeviceArrayError,
@@ -73,41 +48,10 @@ from hpcdist.runtime.device import (
 )
 
 if TYPE_CHECKING:
-    from hpcdist.collectives.engine import Collectives
     from hpcdist.collectives.fusion import Layout
 
-ROUTES = ("copy", "nccl", "mpi-device", "staged", "hierarchical")
-
-
-def choose_route(asked: CI, size: int, nccl_ok: bool, cuda_aware: bool) -> str:
-    """The route of a device call (see the module docstring).
-
-    Example:
-        >>> choose_route(CI.AUTO, size=4, nccl_ok=False, cuda_aware=False)
-        'staged'
-        >>> choose_route(CI.NCCL, size=1, nccl_ok=True, cuda_aware=False)
-        'nccl'
-    """
-    if asked is CI.AUTO:
-        asked = choice.env_implementation()
-    if asked is CI.NCCL:
-        return "nccl"
-    if size == 1:
-        return "copy"
-    if asked is CI.HIERARCHICAL:
-        return "hierarchical" if nccl_ok else "staged"
-    if asked is CI.AUTO and nccl_ok:
-        return "nccl"
-    if asked in (CI.AUTO, CI.MPI, CI.RING):
-        return "mpi-device" if cuda_aware else "staged"
-    return "staged"
-
-
 def has_device_arrays(tensors: Any) -> bool:
-    """Whether a list or tuple of tensors holds at least one device array.
-
-    Example: ``has_device_arrays([np.ones(2)])`` is ``False``.
-    """
+    """Whether a list or tuple of tensors holds at least one device array."""
     if not isinstance(tensors, (list, tuple)):
         return False
     for t in tensors:
@@ -134,11 +78,8 @@ def _on_gpu(method: Any) -> Any:
 
 
 def wire_op(op: ReduceOp) -> ReduceOp:
-    """The op the wire runs: MEAN is a SUM (divided afterwards). Example: ``wire_op(op)``."""
+    """The op the wire runs: MEAN is a SUM (divided afterwards)."""
     return ReduceOp.SUM if op is ReduceOp.MEAN else op
-
-
-_wire_op = wire_op
 
 
 class DeviceCall(NamedTuple):
@@ -152,45 +93,39 @@ class DeviceCall(NamedTuple):
 
 
 class DevicePath:
-    """The device-array half of one engine: its NCCL communicators and pinned buffers.
+    """The device-array half of one session: its NCCL communicators and pinned buffers.
 
-    Example: built by the engine on its first call on device arrays.
+    ``session``: the :class:`~hpcdist.collectives.session.Session` it belongs to
+    (its communicator, topology, agreement and host operations).
     """
 
     PINNED_LIMIT = 64  # pinned buffers kept (one per call shape and group)
 
-    def __init__(self, engine: Collectives) -> None:
-        self._engine = engine
-        self.cuda_aware = engine.size > 1 and cuda_aware_support() is True
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self.cuda_aware = session.size > 1 and cuda_aware_support() is True
         self._nccl: dict[tuple[str, int], Any] = {}
         self._pinned: dict[Any, tuple[np.ndarray, Any]] = {}
-        self.last_route: str | None = None
-        self._shared: bool | None = None  # two ranks on one GPU (see _shares_gpu)
+        self._shared: bool | None = None  # two ranks on one GPU (see shares_gpu)
 
-    # -- helpers -------------------------------------------------------------------------
-    def _route(self, opts: CommunicationOptions, rt: DeviceRuntime) -> str:
-        asked = opts.implementation
-        wants = asked in (CI.AUTO, CI.HIERARCHICAL) and self._engine.size > 1
-        nccl_ok = wants and not self._shares_gpu(rt) and nccl_available()[0]
-        route = choose_route(asked, self._engine.size, nccl_ok, self.cuda_aware)
-        if route == "hierarchical" and self._engine.topology(opts.timeout_seconds).nodes == 1:
-            route = "nccl"  # one node: the node's NCCL communicator is the whole one
-        self.last_route = route
-        self._engine.last_device_route = route
+    def _routed(self, route: str) -> str:
+        self._session.last_device_route = route
         return route
 
-    def _shares_gpu(self, rt: DeviceRuntime) -> bool:
-        """Whether two ranks run on one GPU (NCCL refuses it): gathered once, collectively."""
+    def shares_gpu(self, rt: DeviceRuntime, gpu: int) -> bool:
+        """Whether two ranks run on one GPU (NCCL refuses it; this rank's is ``gpu``):
+        gathered once, collectively."""
         if self._shared is None:
-            self._shared = ranks_share_gpu(self._engine.comm, rt.device_identity())
+            self._shared = ranks_share_gpu(self._session.comm, rt.device_identity(gpu))
         return self._shared
 
-    def _comm(self, scope: str, device: int) -> Any:
-        """The NCCL communicator of ``scope`` ("world" or "node") on GPU ``device``."""
+    def nccl_comm(self, scope: str, device: int) -> Any:
+        """The NCCL communicator of ``scope`` ("world" or "node") on GPU ``device``, made
+        (collectively) on first use."""
         key = (scope, device)
         comm = self._nccl.get(key)
         if comm is None:
-            mpi_comm = self._engine.comm if scope == "world" else self._engine.topology().node
+            mpi_comm = self._session.comm if scope == "world" else self._session.topology().node
             comm = self._nccl[key] = NcclComm.create(mpi_comm, device)
         return comm
 
@@ -221,19 +156,19 @@ class DevicePath:
         buf, _ = self._pinned[key]
         self._pinned[key] = (buf, rt.record(stream))
 
-    def _agree(self, text: str, opts: CommunicationOptions) -> None:
-        """Every rank checks that the others run the same call (checked mode: also its
+    def agree(self, text: str, opts: CommunicationOptions) -> None:
+        """Every rank checks that the others run the call ``text`` (checked mode: also its
         sequence number, with the timeout's deadline); raises the mismatch error if not."""
-        engine = self._engine
-        if engine.size == 1:
+        session = self._session
+        if session.size == 1:
             return
-        layout = engine.call_layout(("device", text), text)
+        layout = session.call_layout(("device", text), text)
 
         def plan(check: Any) -> Any:
             if check:
-                yield from engine.agreement(check)
+                yield from session.agreement(check)
 
-        engine.run_agreed(layout, opts, text, plan)
+        session.run_agreed(layout, opts, text, plan)
 
     def _device_to_mpi(self) -> None:
         """Refuse to hand a device pointer to an MPI library not known to be CUDA-aware."""
@@ -243,10 +178,12 @@ class DevicePath:
                 "is not CUDA-aware (it would crash); please report this"
             )
 
-    def _mpi_reduce(
-        self, comm: Any, flat: Any, op: ReduceOp, opts: Any, rt: Any, stream: int
+    def mpi_reduce(
+        self, comm: Any, flat: Any, op: ReduceOp, opts: CommunicationOptions,
+        rt: DeviceRuntime, stream: int,
     ) -> None:
-        """Reduce device buffer ``flat`` in place with CUDA-aware MPI (the stream is idle)."""
+        """Reduce device buffer ``flat`` in place with CUDA-aware MPI on ``comm``
+        (refused, an internal error, when MPI is not CUDA-aware)."""
         self._device_to_mpi()
         work = flat
         if np.dtype(flat.dtype) == np.float16:  # MPI has no half type
@@ -257,11 +194,13 @@ class DevicePath:
         if work is not flat:
             rt.copy(flat, rt.astype(work, np.dtype(np.float16), stream), stream)
 
-    def _staged_reduce(
-        self, comm_engine: Any, srcs: list[Any], flats: list[Any], op: ReduceOp, opts: Any,
-        rt: Any, stream: int, key: Any,
+    def staged_reduce(
+        self, srcs: list[Any], flats: list[Any], op: ReduceOp, opts: CommunicationOptions,
+        call: DeviceCall, key: Any, leaders: bool = False,
     ) -> None:
-        """Reduce device buffers ``srcs`` into ``flats`` through pinned host memory."""
+        """Reduce ``srcs`` into ``flats`` through pinned host memory: the engine's host
+        allreduce (``leaders``: MPI among the node leaders instead)."""
+        rt, stream = call.rt, call.stream
         hosts = []
         for i, (src, flat) in enumerate(zip(srcs, flats, strict=True)):
             nbytes = flat.size * np.dtype(flat.dtype).itemsize
@@ -269,15 +208,15 @@ class DevicePath:
             rt.to_host(host, src, stream)
             hosts.append(host)
         rt.synchronize(stream)  # MPI reads the pinned buffers next
-        if comm_engine is None:  # the node leaders' communicator
-            leaders = self._engine.topology().leaders
+        if leaders:
+            comm = self._session.topology().leaders
             for host in hosts:
-                drive(leaders, reduce_calls(leaders, host, op, opts.mpi_message_bytes),
+                drive(comm, reduce_calls(comm, host, op, opts.mpi_message_bytes),
                       opts.timeout_seconds, "allreduce among node leaders (staged)")
         else:
             host_opts = opts if opts.implementation is not CI.NCCL else CommunicationOptions(
                 opts.bytes_per_pack, opts.timeout_seconds, CI.AUTO, opts.mpi_message_bytes)
-            comm_engine.allreduce(hosts, op, host_opts, out=hosts)
+            self._session.host.allreduce(hosts, op, host_opts, out=hosts)
         for i, (flat, host) in enumerate(zip(flats, hosts, strict=True)):
             rt.from_host(flat, host, stream)
             self._released((key, i), rt, stream)
@@ -288,8 +227,7 @@ class DevicePath:
 
         A group of one tensor is read in place (its source is a view of the
         tensor); the tensors of a larger group are packed (one kernel) into
-        its result buffer, which is then also its source. Example (in a
-        device algorithm): ``call = engine.device_path().prepare(items, layout)``.
+        its result buffer, which is then also its source.
         """
         first = items[0]
         rt = runtime_for(first)
@@ -307,70 +245,28 @@ class DevicePath:
             flats.append(flat)
         return DeviceCall(rt, gpu, stream, srcs, flats)
 
-    def nccl_comm(self, scope: str, device: int) -> Any:
-        """The NCCL communicator of ``scope`` ("world" or "node") on GPU ``device``.
-
-        Made (collectively) on first use. Example: ``dp.nccl_comm("world", call.gpu)``.
-        """
-        return self._comm(scope, device)
-
-    def agree(self, text: str, opts: CommunicationOptions) -> None:
-        """Every rank checks that the others run the call ``text`` (see :meth:`_agree`).
-
-        Example: ``dp.agree(layout.text, opts)`` before the first NCCL call of a call.
-        """
-        self._agree(text, opts)
-
-    def mpi_reduce(
-        self, comm: Any, flat: Any, op: ReduceOp, opts: CommunicationOptions,
-        rt: DeviceRuntime, stream: int,
-    ) -> None:
-        """Reduce device buffer ``flat`` in place with CUDA-aware MPI on ``comm``.
-
-        Refuses (an internal error) when MPI is not CUDA-aware. Example:
-        ``dp.mpi_reduce(engine.comm, flat, ReduceOp.SUM, opts, rt, stream)``.
-        """
-        self._mpi_reduce(comm, flat, op, opts, rt, stream)
-
-    def staged_reduce(
-        self, srcs: list[Any], flats: list[Any], op: ReduceOp, opts: CommunicationOptions,
-        call: DeviceCall, key: Any, leaders: bool = False,
-    ) -> None:
-        """Reduce ``srcs`` into ``flats`` through pinned host memory: the engine's host
-        path (``leaders``: MPI among the node leaders instead).
-
-        Example: ``dp.staged_reduce(call.srcs, call.flats, op, opts, call, layout.digest)``.
-        """
-        engine = None if leaders else self._engine
-        self._staged_reduce(engine, srcs, flats, op, opts, call.rt, call.stream, key)
-
     # -- allreduce -----------------------------------------------------------------------
     @_on_gpu
     def allreduce(
-        self, tensors: Sequence[Any], op: ReduceOp, opts: CommunicationOptions, out: Any
-    ) -> list[Any]:
-        """The engine's allreduce for device arrays: the first registered device algorithm
-        that applies (see :mod:`hpcdist.collectives.registry`) reduces the groups."""
-        engine = self._engine
+        self, tensors: Sequence[Any], op: ReduceOp, opts: CommunicationOptions, out: Any,
+        choose: Callable[[Layout, Any], Any],
+    ) -> tuple[Any, list[Any]]:
+        """The algorithm ``choose(layout, device_array)`` picks (the registry's) reduces the call's
+        groups; returns it and the results (copied into ``out`` when given)."""
+        session = self._session
         items, rt, _, stream = self._on_device(tensors, "allreduce")
         key = ("device-allreduce", op, opts, *[(t.shape, np.dtype(t.dtype)) for t in items])
-        layout = engine.fused_layout(key, items, op, opts)
-        route = self._route(opts, rt)
-        top = engine.topology(opts.timeout_seconds)
-        asked = opts.implementation
-        auto = asked is CI.AUTO and choice.env_implementation() is CI.AUTO
-        where = Where(top, layout, opts, CI.MPI, auto, engine.size, True, route)
-        algorithm = pick(where)
-        flats = algorithm.allreduce(engine, items, layout, opts)
-        engine.last_algorithm = algorithm.name  # (after: staging runs a host algorithm inside)
-        self.last_route = engine.last_device_route = getattr(algorithm, "route", algorithm.name)
-        return self._unfuse(layout, flats, op, rt, stream, out)
+        layout = session.fused_layout(key, items, op, opts)
+        algorithm = choose(layout, items[0])
+        flats = algorithm.allreduce(session, items, layout, opts)
+        self._routed(algorithm.name)
+        return algorithm, self._unfuse(layout, flats, op, rt, stream, out)
 
     def _unfuse(
         self, layout: Layout, flats: list[Any], op: ReduceOp, rt: DeviceRuntime, stream: int,
         out: Any,
     ) -> list[Any]:
-        size = self._engine.size
+        size = self._session.size
         results: list[Any] = [None] * len(layout.shapes)
         for group, flat in zip(layout.groups, flats, strict=True):
             if op is ReduceOp.MEAN and group.wire.kind in "iu":
@@ -424,32 +320,33 @@ class DevicePath:
 
     # -- broadcast -----------------------------------------------------------------------
     @_on_gpu
-    def broadcast(self, tensors: Sequence[Any], root: int, opts: CommunicationOptions) -> list:
-        """The engine's broadcast for device arrays: one flat byte buffer, one call."""
-        engine = self._engine
+    def broadcast(
+        self, tensors: Sequence[Any], root: int, opts: CommunicationOptions, route: str
+    ) -> list:
+        """The engine's broadcast for device arrays on transport ``route``: one flat byte
+        buffer, one call (``hierarchical`` broadcasts with NCCL over all ranks)."""
+        session = self._session
         items, rt, gpu, stream = self._on_device(tensors, "broadcast")
         sizes = [t.size * np.dtype(t.dtype).itemsize for t in items]
         flat = rt.empty(sum(sizes), np.dtype(np.uint8), gpu)
         rt.pack([rt.view(t, np.dtype(np.uint8)) for t in items], flat, stream)
-        route = self._route(opts, rt)
-        if route == "hierarchical":
-            route = self.last_route = engine.last_device_route = "nccl"
+        route = self._routed("nccl" if route == "hierarchical" else route)
         text = f"broadcast(root={root}, {describe_arrays(items)}, device)"
         if route == "staged":
             host = self._pinned_for(("bcast", signature_hash(text)), flat.size, rt, stream)
             rt.to_host(host, flat, stream)
             rt.synchronize(stream)
-            (got,) = engine.broadcast([host], root, opts)
+            (got,) = session.host.broadcast([host], root, opts)
             rt.from_host(flat, got, stream)
             self._released(("bcast", signature_hash(text)), rt, stream)
         elif route != "copy":
-            self._agree(text, opts)
+            self.agree(text, opts)
             if route == "nccl":
-                self._comm("world", gpu).broadcast(flat, root, stream)
+                self.nccl_comm("world", gpu).broadcast(flat, root, stream)
             else:
                 self._device_to_mpi()
                 rt.synchronize(stream)
-                drive(engine.comm, iter_bcast(flat, root), opts.timeout_seconds, text)
+                drive(session.comm, iter_bcast(flat, root), opts.timeout_seconds, text)
         out, lo = [], 0
         for t, n in zip(items, sizes, strict=True):
             piece = rt.slice(flat, lo, lo + n)
@@ -459,56 +356,58 @@ class DevicePath:
 
     # -- allgather and reduce_scatter ----------------------------------------------------
     @_on_gpu
-    def allgather(self, tensor: Any, axis: int, opts: CommunicationOptions) -> Any:
-        """The engine's allgather for a device array: NCCL when every rank has the same
-        shape and ``axis`` is 0, else through pinned host memory and the host path."""
-        engine = self._engine
+    def allgather(self, tensor: Any, axis: int, opts: CommunicationOptions, route: str) -> Any:
+        """The engine's allgather for a device array: NCCL (transport ``route``) when every
+        rank has the same shape and ``axis`` is 0, else through pinned host memory."""
+        session = self._session
         (x,), rt, gpu, stream = self._on_device([tensor], "allgather")
-        route = self._route(opts, rt)
+        self._routed(route)
         shape = tuple(x.shape) or (1,)
         if route == "copy":
             copied = rt.empty(x.size, np.dtype(x.dtype), gpu)
             rt.copy(copied, rt.view(x, np.dtype(x.dtype)), stream)
             return rt.view(copied, np.dtype(x.dtype), shape)
         if route == "nccl" and axis in (0, -len(shape)) and self._same_shapes(shape, opts):
-            comm = self._comm("world", gpu)
+            comm = self.nccl_comm("world", gpu)
             if comm.supports(np.dtype(x.dtype)):
                 text = f"allgather(axis=0, {describe_arrays([x])}, device)"
-                self._agree(text, opts)
+                self.agree(text, opts)
                 send = rt.view(x, np.dtype(x.dtype))
-                recv = rt.empty(send.size * engine.size, np.dtype(x.dtype), gpu)
+                recv = rt.empty(send.size * session.size, np.dtype(x.dtype), gpu)
                 comm.allgather(send, recv, stream)
-                return rt.view(recv, np.dtype(x.dtype), (shape[0] * engine.size, *shape[1:]))
-        self.last_route = engine.last_device_route = "staged"
+                return rt.view(recv, np.dtype(x.dtype), (shape[0] * session.size, *shape[1:]))
+        self._routed("staged")
         host = self._to_pinned_copy("allgather", x, rt, stream)
-        out = rt.to_device(engine.allgather(host, axis, opts), gpu, stream)
+        out = rt.to_device(session.host.allgather(host, axis, opts), gpu, stream)
         self._released("allgather", rt, stream)
         return out
 
     @_on_gpu
-    def reduce_scatter(self, tensor: Any, op: ReduceOp, opts: CommunicationOptions) -> Any:
-        """The engine's reduce_scatter for a device array: NCCL when the rows split evenly
-        (and the dtype is NCCL's), else through pinned host memory and the host path."""
-        engine = self._engine
+    def reduce_scatter(
+        self, tensor: Any, op: ReduceOp, opts: CommunicationOptions, route: str
+    ) -> Any:
+        """The engine's reduce_scatter for a device array: NCCL (transport ``route``) when
+        the rows split evenly (and the dtype is NCCL's), else through pinned host memory."""
+        session = self._session
         (x,), rt, gpu, stream = self._on_device([tensor], "reduce_scatter")
-        route = self._route(opts, rt)
-        even = x.ndim > 0 and x.shape[0] % engine.size == 0
+        self._routed(route)
+        even = x.ndim > 0 and x.shape[0] % session.size == 0
         dtype = np.dtype(x.dtype)
         if route == "nccl" and even and dtype.kind in "iuf":
-            comm = self._comm("world", gpu)
+            comm = self.nccl_comm("world", gpu)
             if comm.supports(dtype):
                 text = f"reduce_scatter(op={op.name}, {describe_arrays([x])}, device)"
-                self._agree(text, opts)
+                self.agree(text, opts)
                 send = rt.view(x, dtype)
-                recv = rt.empty(send.size // engine.size, dtype, gpu)
-                comm.reduce_scatter(send, recv, _wire_op(op), stream)
+                recv = rt.empty(send.size // session.size, dtype, gpu)
+                comm.reduce_scatter(send, recv, wire_op(op), stream)
                 if op is ReduceOp.MEAN:
-                    recv = rt.divide(recv, engine.size, stream)
-                block = (x.shape[0] // engine.size, *x.shape[1:])
+                    recv = rt.divide(recv, session.size, stream)
+                block = (x.shape[0] // session.size, *x.shape[1:])
                 return rt.view(recv, np.dtype(recv.dtype), block)
-        self.last_route = engine.last_device_route = "staged"
+        self._routed("staged")
         host = self._to_pinned_copy("reduce_scatter", x, rt, stream)
-        out = rt.to_device(engine.reduce_scatter(host, op, opts), gpu, stream)
+        out = rt.to_device(session.host.reduce_scatter(host, op, opts), gpu, stream)
         self._released("reduce_scatter", rt, stream)
         return out
 
@@ -526,7 +425,7 @@ class DevicePath:
     def _same_shapes(self, shape: tuple[int, ...], opts: CommunicationOptions) -> bool:
         """Whether every rank passes ``shape`` (one small host allreduce)."""
         mine = np.array([shape[0], -shape[0]], np.int64)
-        (both,) = self._engine.allreduce([mine], ReduceOp.MAX, CommunicationOptions(
+        (both,) = self._session.host.allreduce([mine], ReduceOp.MAX, CommunicationOptions(
             0, opts.timeout_seconds, CI.AUTO))
         return int(both[0]) == -int(both[1])
 
@@ -539,8 +438,5 @@ class DevicePath:
 
 
 def iter_bcast(flat: Any, root: int) -> Plan:
-    """The MPI plan of broadcasting device buffer ``flat`` (CUDA-aware MPI).
-
-    Example: ``drive(comm, iter_bcast(flat, 0), None, "broadcast")``.
-    """
+    """The MPI plan of broadcasting device buffer ``flat`` (CUDA-aware MPI)."""
     yield Call("Bcast", (flat, root))

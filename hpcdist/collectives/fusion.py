@@ -153,7 +153,7 @@ def build_layout(
 ) -> Layout:
     """The layout of reducing ``items`` with ``op`` in buckets of ``bucket_bytes`` (0: one).
 
-    ``text`` is the call's signature line. Example: see the module docstring.
+    ``text`` is the call's signature line.
     """
     order: dict[np.dtype, list[tuple[int, int, int]]] = {}
     totals: dict[np.dtype, int] = {}
@@ -215,10 +215,7 @@ def data_address(a: np.ndarray) -> int:
 
 
 def unfuse(group: Group, fused: np.ndarray, shapes: Sequence[tuple[int, ...]], out: list) -> None:
-    """Put views of the reduced group buffer ``fused`` (wire dtype) into ``out`` by tensor index.
-
-    Example: after reducing, ``unfuse(g, buf, layout.shapes, results)``.
-    """
+    """Put views of the reduced group buffer ``fused`` (wire dtype) into ``out`` by tensor index."""
     view = fused.view(group.dtype) if group.wire != group.dtype else fused
     ratio = group.dtype.itemsize // group.wire.itemsize if group.wire != group.dtype else 1
     for index, first, count in group.members:
@@ -250,10 +247,7 @@ class BufferPool:
         self._addresses: dict[object, tuple[np.ndarray, int]] = {}
 
     def take_with_address(self, key: object, count: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
-        """:meth:`take`, and the buffer's data address (looked up once per buffer).
-
-        Example: ``buf, address = pool.take_with_address(key, n, np.dtype(np.float32))``.
-        """
+        """:meth:`take`, and the buffer's data address (looked up once per buffer)."""
         buf = self.take(key, count, dtype)
         known = self._addresses.get(key)
         if known is not None and known[0] is buf:
@@ -265,10 +259,7 @@ class BufferPool:
         return buf, address
 
     def take(self, key: object, count: int, dtype: np.dtype) -> np.ndarray:
-        """A 1-D buffer of ``count`` elements of ``dtype`` for ``key``, reused when free.
-
-        Example: ``buf = pool.take(("allreduce", layout.digest, 0), n, wire)``.
-        """
+        """A 1-D buffer of ``count`` elements of ``dtype`` for ``key``, reused when free."""
         buf = self._spare.get(key)
         # References: the pool's dict, ``buf`` here and getrefcount's argument, and the
         # address cache's entry when there is one.

@@ -46,10 +46,7 @@ def describe_arrays(arrays: Iterable[Any]) -> str:
 
 
 def signature_hash(text: str) -> int:
-    """A stable hash of ``text`` in ``[0, 2**63)``, the same in every process.
-
-    Example: ``signature_hash("allreduce SUM [float32(4,)]")``.
-    """
+    """A stable hash of ``text`` in ``[0, 2**63)``, the same in every process."""
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
@@ -127,7 +124,6 @@ def check_dtype(dtype: np.dtype, operation: str, index: int | None = None) -> No
 
     Booleans, integers, floats (bfloat16 too) and complex numbers pass; objects,
     strings and structured dtypes do not.
-    Example: ``check_dtype(np.dtype(np.float32), "allreduce")``.
     """
     if dtype == BFLOAT16:
         return

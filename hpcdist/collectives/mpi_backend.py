@@ -46,8 +46,6 @@ class Call(NamedTuple):
 
     ``nonblocking=True`` issues the ``I`` variant and waits for it even when
     the plan runs blocking; ``label`` says what the step is for in errors.
-
-    Example: ``Call("Bcast", (buf, 0))``.
     """
 
     name: str
@@ -67,8 +65,6 @@ def poll(request: Any, deadline: float, watch: Any = None) -> bool:
     Tests a few times first, yielding the CPU in between (:data:`YIELDING_TESTS`),
     then sleeps between tests, 50 µs at first, doubling up to 10 ms; calls
     ``watch.tick()`` (a :class:`hpcdist.collectives.arrivals.Watch`) after each sleep.
-
-    Example: ``poll(comm.Ibarrier(), time.monotonic() + 5.0)``.
     """
     for _ in range(YIELDING_TESTS):  # the common case: the others are microseconds away
         if request.Test():
@@ -100,8 +96,6 @@ class PendingCollective:
     rank must join it) and returns its result; ``Test()`` makes progress
     without blocking and says whether it is done. Until it is done, the
     engine refuses new collectives on the communicator.
-
-    Example: ``err.request.Wait()`` after catching a ``CollectiveTimeoutError``.
     """
 
     def __init__(self, comm: Any, plan: Plan, request: Any, what: str) -> None:
@@ -171,8 +165,6 @@ def drive(comm: Any, plan: Plan, timeout: float | None, what: str, watch: Any = 
     ``watch`` (:class:`hpcdist.collectives.arrivals.Watch`, checked mode)
     gives the deadline instead, warns about stalls while waiting and writes
     the timeout error, naming the ranks that have not arrived.
-
-    Example: ``drive(comm, plan, 30.0, "allreduce(SUM) of [float32(10,)]")``.
     """
     if watch is not None:
         deadline = watch.deadline

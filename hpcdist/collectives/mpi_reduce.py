@@ -64,7 +64,7 @@ def reduce_calls(
     """The MPI calls that reduce ``buf`` (1-D, contiguous) in place with ``op``.
 
     MEAN is summed, except for 16-bit floats with a ``divisor`` (divided before
-    the one rounding). Example: see the module docstring.
+    the one rounding).
     """
     MPI = mpi()
     mpi_op = MPI.MIN if op is ReduceOp.MIN else MPI.MAX if op is ReduceOp.MAX else MPI.SUM

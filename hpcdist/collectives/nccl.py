@@ -157,8 +157,6 @@ def nccl_provider() -> Any:
 
 def set_nccl_provider(provider: Any | None) -> None:
     """Use ``provider`` instead of ``cupy.cuda.nccl`` (tests inject a fake); ``None`` restores it.
-
-    Example: ``set_nccl_provider(fake_nccl)`` ... ``set_nccl_provider(None)``.
     """
     global _injected
     if provider is not None:
@@ -329,8 +327,6 @@ class NcclComm:
 
     Build it with :meth:`create` (collective). ``rank``/``size`` are those of the
     MPI communicator, ``device`` the GPU ordinal. Every call enqueues on ``stream``.
-
-    Example: ``nc = NcclComm.create(MPI.COMM_WORLD, 0); nc.allreduce(x, y, "SUM", s.ptr)``.
     """
 
     def __init__(self, communicator: Any, provider: Any, rank: int, size: int,
@@ -347,7 +343,6 @@ class NcclComm:
 
         Every rank learns whether all ranks can use NCCL, and whether two of them
         would share one GPU (NCCL refuses that), before any waits in NCCL.
-        Example: ``nc = NcclComm.create(MPI.COMM_WORLD, local_rank)``.
         """
         device = operator.index(device)
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
@@ -432,7 +427,7 @@ class NcclComm:
             ) from exc
 
     def allreduce(self, send: Any, recv: Any, op: Any, stream: int) -> None:
-        """``recv = op(send of every rank)`` (``send`` may be ``recv``). Example: see the class."""
+        """``recv = op(send of every rank)`` (``send`` may be ``recv``)."""
         name = "NcclComm.allreduce"
         comm, s = self._live(name), _stream_handle(stream, name)
         a = _buffer(send, "send", name, self.device)
@@ -442,7 +437,7 @@ class NcclComm:
         self._run("allreduce", a[2], a[1], lambda: comm.allReduce(a[0], b[0], a[1], dt, code, s))
 
     def reduce(self, send: Any, recv: Any, op: Any, root: int, stream: int) -> None:
-        """``recv = op(send of every rank)`` on rank ``root`` only. Example: see the class."""
+        """``recv = op(send of every rank)`` on rank ``root`` only."""
         name = "NcclComm.reduce"
         comm, s, root = self._live(name), _stream_handle(stream, name), self._root(root, name)
         a = _buffer(send, "send", name, self.device)
@@ -453,7 +448,7 @@ class NcclComm:
                   lambda: comm.reduce(a[0], b[0], a[1], dt, code, root, s))
 
     def broadcast(self, buf: Any, root: int, stream: int) -> None:
-        """``buf`` of rank ``root`` into ``buf`` of every rank (in place). Example: as above."""
+        """``buf`` of rank ``root`` into ``buf`` of every rank (in place)."""
         name = "NcclComm.broadcast"
         comm, s, root = self._live(name), _stream_handle(stream, name), self._root(root, name)
         a = _buffer(buf, "buf", name, self.device)
@@ -512,7 +507,6 @@ class LocalNcclGroup:
     """NCCL among several GPUs of this process (``initAll``); calls are grouped.
 
     Entry ``i`` of every list belongs to ``devices[i]``, which is NCCL rank ``i``.
-    Example: ``g = LocalNcclGroup([0, 1]); g.allreduce([x0, x1], [x0, x1], "SUM", [s0, s1])``.
     """
 
     def __init__(self, devices: Sequence[int]) -> None:

@@ -60,8 +60,6 @@ class ReduceOp(enum.Enum):
 
         Any other aggregation (``NONE``, ``ONLY_FIRST_REPLICA``) has no reduce
         op and raises ``ValueError``.
-
-        Example: ``ReduceOp.from_variable_aggregation(VariableAggregation.SUM)``.
         """
         name = str(getattr(aggregation, "name", aggregation)).upper()
         if name in ("SUM", "MEAN"):

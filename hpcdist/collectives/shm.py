@@ -104,10 +104,7 @@ class NodeWindow:
     # -- memory views -------------------------------------------------------
 
     def next_set(self) -> int:
-        """The set (0 or 1) the next bucket uses; sets alternate.
-
-        Example: ``which = w.next_set(); w.slots(which)[w.rank][:4] = 1``.
-        """
+        """The set (0 or 1) the next bucket uses; sets alternate."""
         self._sets += 1
         return self._sets & 1
 
@@ -115,7 +112,7 @@ class NodeWindow:
         """Restart the alternation of sets (every rank at once, after a mismatch).
 
         Ranks that passed different calls may have used different numbers of
-        sets; all of them call this in the mismatch path. Example: ``w.resync()``.
+        sets; all of them call this in the mismatch path.
         """
         self._sets = 0
 
@@ -136,10 +133,7 @@ class NodeWindow:
         return view
 
     def result(self, which: int, dtype: np.dtype | type = np.uint8) -> np.ndarray:
-        """The result area of set ``which`` as a 1-D array of ``dtype``.
-
-        Example: ``w.result(0, np.float64)[:4]``.
-        """
+        """The result area of set ``which`` as a 1-D array of ``dtype``."""
         key = (which, dtype, True)
         view = self._views.get(key)
         if view is None:
@@ -152,17 +146,12 @@ class NodeWindow:
 
     def agreed(self, seq: int, digest: int) -> bool:
         """Whether every rank arrived at barrier ``seq`` with ``digest`` (call after :meth:`wait`).
-
-        Example: ``if not w.agreed(seq, h): raise ...`` on every rank alike.
         """
         digests = self.flags[1 + (seq & 1) :: LINE_WORDS]
         return bool((digests == digest).all())
 
     def missing(self, seq: int) -> list[int]:
-        """Local ranks that have not arrived at barrier ``seq`` yet.
-
-        Example: ``w.missing(seq)`` in a timeout message.
-        """
+        """Local ranks that have not arrived at barrier ``seq`` yet."""
         return [k for k in range(self.size) if int(self.flags[k * LINE_WORDS]) < seq]
 
     def sync(self, digest: int, deadline: float | None) -> tuple[bool | None, int]:
@@ -173,7 +162,6 @@ class NodeWindow:
         ``time.monotonic()`` value) passed first; ``seq`` is the barrier's
         sequence number, to finish it later with :meth:`wait` and :meth:`agreed`.
         The common case is one compiled call (:func:`hpcdist.kernels.arrive_and_wait`).
-        Example: ``ok, _ = w.sync(h, None)``.
         """
         self._seq += 1
         seq = self._seq
@@ -194,7 +182,6 @@ class NodeWindow:
         away), then yields the CPU between short spins, so ranks that share
         cores with others still make progress. ``deadline`` is a
         ``time.monotonic()`` value (``None``: wait for ever).
-        Example: ``w.wait(seq, time.monotonic() + 30)`` for a ``seq`` from :meth:`sync`.
         """
         burst = 32 if self._oversubscribed else SPINS
         if wait_all(self.flags, 0, self.size, LINE_WORDS, seq, burst):
@@ -219,10 +206,7 @@ class NodeWindow:
             raise
 
     def barrier(self, digest: int) -> bool:
-        """Arrive and wait (no deadline); ``True`` if every rank passed ``digest``.
-
-        Example: ``w.barrier(h)``.
-        """
+        """Arrive and wait (no deadline); ``True`` if every rank passed ``digest``."""
         return bool(self.sync(digest, None)[0])
 
 
@@ -235,7 +219,7 @@ def node_comm_of(comm: Any) -> tuple[Any, int]:
     """The ranks of ``comm`` on this rank's node (virtual nodes included), as a new
     communicator, and the number of ranks of ``comm`` on this host.
 
-    Collective over ``comm``. Example: ``node, host_ranks = node_comm_of(MPI.COMM_WORLD)``.
+    Collective over ``comm``.
     """
     MPI = mpi()
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
@@ -254,7 +238,7 @@ def shared_window(node_comm: Any, slot_bytes: int, host_ranks: int | None = None
 
     Engines whose node communicators hold the same world ranks share one
     window (and its sequence of barriers), which is safe because every rank
-    issues collectives in one order. Example: ``shared_window(node, 1 << 22)``.
+    issues collectives in one order.
     """
     MPI = mpi()
     group = node_comm.Get_group()

@@ -62,7 +62,7 @@ SMALL_BUCKET_BYTES = 64 * 1024
 class _Mismatch(Exception):
     """Raised inside the backend when the node's ranks passed different calls.
 
-    Private control flow: :meth:`~hpcdist.collectives.engine.Collectives.run_on_node` catches it
+    Private control flow: :meth:`~hpcdist.collectives.session.Session.run_on_node` catches it
     and raises :class:`~hpcdist.errors.CollectiveMismatchError` instead.
     """
 
@@ -93,7 +93,7 @@ class PendingNodeCollective:
     """A node collective that timed out on this rank and may still complete.
 
     ``Wait()`` finishes it (blocking) and returns its result; ``Test()``
-    makes progress without blocking. Example: ``err.request.Wait()``.
+    makes progress without blocking.
     """
 
     def __init__(self, window: NodeWindow, plan: NodePlan, step: Any, what: str) -> None:
@@ -207,7 +207,6 @@ def run_node_plan(
     With a ``watch`` (:class:`hpcdist.collectives.arrivals.Watch`, checked
     mode) barriers sleep while they wait, stalls are reported and the
     error names the ranks that have not arrived.
-    Example: ``run_node_plan(w, allreduce_plan(...), None, "allreduce")``.
     """
     if watch is not None:
         deadline: float | None = watch.deadline
@@ -287,7 +286,6 @@ def allreduce_plan(
     between nodes) runs before anything else. ``digest`` (default: the
     layout's) is what the node barriers compare. ``compression``: the
     leaders' transport of float32 sums (``CommunicationOptions.compression``).
-    Example: see the module docstring.
     """
     if first_step is not None:
         yield first_step
@@ -362,7 +360,7 @@ def reduce_scatter_plan(
 
     The whole tensor goes through one slot (the caller checks that it fits):
     pack, one barrier (comparing ``digest``, default the layout's), reduce
-    only the own block. Example: see the engine.
+    only the own block.
     """
     me = window.rank
     group = layout.groups[0]
@@ -389,8 +387,6 @@ def check_plan(
 ) -> NodePlan:
     """A node barrier that checks every rank passed ``digest`` (else :class:`_Mismatch`),
     then, if given, the MPI plan ``then`` on ``comm``, whose result it returns.
-
-    Example: ``run_node_plan(w, check_plan(w, h, text), None, text)``.
     """
     agreed = yield digest
     if not agreed:

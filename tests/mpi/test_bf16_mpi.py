@@ -86,7 +86,7 @@ def test_bf16_allreduce_is_float32_sum_rounded_once(c, implementation, op, n) ->
 def _node_order_reference(c: Collectives, inputs: list[np.ndarray], op: ReduceOp) -> np.ndarray:
     """The hierarchical order: float32 sums in rank order inside each node, then the node
     sums in node order, one rounding (flat routes: one node holding every rank)."""
-    top = c.topology()
+    top = c.session.topology()
     node = top.node if top.nodes > 1 else mpi().COMM_WORLD
     first = _everyone(node.allreduce(c.rank, op=mpi().MIN))
     acc = None

@@ -165,7 +165,7 @@ def test_one_rank_skipping_a_collective_shows_in_every_ranks_flight_dump(monkeyp
         except CollectiveMismatchError as err:
             errors.append(str(err))
             break
-        seq_before = engine._seq
+        seq_before = engine.session.seq
     assert len(errors) == 1 and "[flight recorder: " in errors[0], errors
     w.comm.Barrier()
     if w.rank == 0:

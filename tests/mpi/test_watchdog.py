@@ -160,7 +160,7 @@ def test_ranks_compare_sequence_numbers_and_agree_again_after_a_mismatch(c):
     opts = CommunicationOptions(timeout_seconds=LONG)
     c.barrier(opts)
     if c.rank == c.size - 1:
-        c._seq += 5  # as if this rank had run five more collectives than the others
+        c.session.seq += 5  # as if this rank had run five more collectives than the others
     with pytest.raises(CollectiveMismatchError) as info:
         c.allreduce([np.ones(3, np.float32)], "SUM", opts)
     message = str(info.value)
@@ -177,14 +177,14 @@ def test_ranks_compare_sequence_numbers_and_agree_again_after_a_mismatch(c):
 def test_the_board_exists_only_in_checked_mode(c):
     c.allreduce([np.ones(2)], "SUM")
     c.barrier()
-    assert c._board is None
+    assert c.session.board is None
     c.barrier(CommunicationOptions(timeout_seconds=LONG))  # sets the board up at its end
-    assert c._board is not None
+    assert c.session.board is not None
     c.barrier(CommunicationOptions(timeout_seconds=LONG))  # recorded on the board
-    entries = c._board.read()
-    assert [e.seq for e in entries] == [c._seq] * c.size
+    entries = c.session.board.read()
+    assert [e.seq for e in entries] == [c.session.seq] * c.size
     c.close()
-    assert c._board is None
+    assert c.session.board is None
     c.barrier()
 
 

@@ -39,7 +39,7 @@ BUILTIN_EXCEPTIONS = {
 #: Private exception classes allowed outside errors.py: control flow inside hpcdist.
 #: (file, class) -> (file, name in the ``except`` clause that catches it before users see it).
 PRIVATE = {
-    ("collectives/shm_backend.py", "_Mismatch"): ("collectives/engine.py", "_Mismatch"),
+    ("collectives/shm_backend.py", "_Mismatch"): ("collectives/session.py", "_Mismatch"),
     ("data/structure.py", "_TraceFailed"): ("data/transform_nodes.py", "Exception"),
     ("distribute/replica_threads.py", "_Stopped"): ("distribute/replica_threads.py", "_Stopped"),
 }

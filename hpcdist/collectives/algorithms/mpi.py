@@ -1,4 +1,4 @@
-"""Buffer-mode MPI allreduce of each fused group (the algorithm that always applies).
+"""Buffer-mode MPI allreduce of each fused group (the host algorithm that always applies).
 
 A group of one tensor is reduced straight from the caller's array into the
 result buffer (``Allreduce(src, out)``) when the reduction is exact on MPI
@@ -7,9 +7,7 @@ into the result buffer first and reduced in place
 (:func:`hpcdist.collectives.mpi_reduce.reduce_calls`: ``Reduce`` + ``Bcast``
 where MPI's floating results could differ between ranks). Messages are at most
 ``CommunicationOptions.mpi_message_bytes`` long (0: one message per group).
-Result buffers come from the engine's pool.
-
-Example: ``CommunicationOptions(implementation="mpi")`` forces it.
+Result buffers come from the session's pool.
 """
 
 from __future__ import annotations
@@ -23,19 +21,17 @@ from hpcdist.collectives.mpi_backend import Call, Plan
 from hpcdist.collectives.mpi_reduce import message_ranges, reduce_calls
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationOptions
-from hpcdist.collectives.registry import Where
+from hpcdist.collectives.where import Where
 from hpcdist.runtime import mpi
 
 if TYPE_CHECKING:
-    from hpcdist.collectives.engine import Collectives
     from hpcdist.collectives.fusion import Group, Layout
+    from hpcdist.collectives.session import Session
 
 
 def exact_in_place(group: Group, op: ReduceOp, size: int) -> bool:
-    """Whether one ``Allreduce`` gives every rank the same bits for ``group``.
-
-    Example: ``exact_in_place(g, ReduceOp.SUM, 2)`` for a float32 group is ``True``.
-    """
+    """Whether one ``Allreduce`` gives every rank the same bits for ``group``
+    (integers; floating SUM and MEAN on two ranks, where ``a + b`` is ``b + a``)."""
     wire = group.wire
     if wire.kind in "iub":
         return True
@@ -45,10 +41,7 @@ def exact_in_place(group: Group, op: ReduceOp, size: int) -> bool:
 
 
 def source_view(group: Group, items: Sequence[np.ndarray]) -> np.ndarray | None:
-    """The group's only tensor as a flat wire-dtype view (``None`` for several tensors).
-
-    Example: ``source_view(layout.groups[0], [x])`` is ``x.reshape(-1)`` for float32 ``x``.
-    """
+    """The group's only tensor as a flat wire-dtype view (``None`` for several tensors)."""
     if len(group.members) != 1:
         return None
     a = items[group.members[0][0]]
@@ -56,24 +49,21 @@ def source_view(group: Group, items: Sequence[np.ndarray]) -> np.ndarray | None:
 
 
 def mpi_plan(
-    engine: Collectives,
+    session: Session,
     items: Sequence[np.ndarray],
     layout: Layout,
     opts: CommunicationOptions,
     check: Any,
 ) -> Plan:
-    """The MPI calls of the allreduce (after the agreement check ``check``, if any).
-
-    Example: ``engine.run_agreed(layout, opts, what, lambda c: mpi_plan(engine, ..., c))``.
-    """
+    """The MPI calls of the allreduce (after the agreement check ``check``, if any)."""
     MPI = mpi()
     if check:
-        yield from engine.agreement(check)
-    size, op = engine.size, layout.op
+        yield from session.agreement(check)
+    size, op = session.size, layout.op
     chunk = opts.mpi_message_bytes
     out = []
     for index, group in enumerate(layout.groups):
-        buf = engine.buffers.take(("mpi", layout.digest, index), group.total, group.wire)
+        buf = session.buffers.take(("mpi", layout.digest, index), group.total, group.wire)
         exact = exact_in_place(group, op, size) and not (
             opts.compression is not None and group.wire == np.float32
         )  # compressed groups take the 16-bit path of reduce_calls
@@ -83,10 +73,10 @@ def mpi_plan(
             for lo, hi in message_ranges(group.total, group.wire.itemsize, chunk):
                 yield Call("Allreduce", (src[lo:hi], buf[lo:hi], mpi_op))
         else:
-            engine.pack_group(group, items, buf)
+            session.pack_group(group, items, buf)
             half = group.wire.itemsize == 2 and group.wire.kind in "fV"
             yield from reduce_calls(
-                engine.comm, buf, op, chunk, opts.compression, size if half else 0
+                session.comm, buf, op, chunk, opts.compression, size if half else 0
             )
             if half:  # 16-bit MEAN: divided in float32 before the one rounding
                 out.append(buf)
@@ -97,25 +87,26 @@ def mpi_plan(
     return out
 
 
-def block_by_allreduce(
-    algorithm: Any,
-    engine: Collectives,
-    items: Sequence[np.ndarray],
-    layout: Layout,
-    opts: CommunicationOptions,
-    bounds: Sequence[int],
-) -> np.ndarray:
-    """This rank's block of ``algorithm``'s allreduce of the one-tensor ``layout``.
+class SlicedScatter:
+    """A ``reduce_scatter`` that slices this rank's block out of the algorithm's allreduce
+    (the bits are the allreduce's): for algorithms without a scatter of their own."""
 
-    The reduce_scatter of algorithms without a scatter of their own. Example:
-    ``block_by_allreduce(self, engine, items, layout, opts, bounds)``.
-    """
-    full = algorithm.allreduce(engine, items, layout, opts)[0]
-    return full[bounds[engine.rank] : bounds[engine.rank + 1]].copy()
+    def reduce_scatter(
+        self,
+        session: Session,
+        items: Sequence[np.ndarray],
+        layout: Layout,
+        opts: CommunicationOptions,
+        bounds: Sequence[int],
+    ) -> np.ndarray:
+        """This rank's block of the allreduce of the one-tensor ``layout``."""
+        full = self.allreduce(session, items, layout, opts)[0]  # type: ignore[attr-defined]
+        block: np.ndarray = full[bounds[session.rank] : bounds[session.rank + 1]].copy()
+        return block
 
 
-class MpiAllreduce:
-    """Buffer-mode MPI on the engine's communicator; applies to every call."""
+class MpiAllreduce(SlicedScatter):
+    """Buffer-mode MPI on the communicator; applies to every host call."""
 
     name = "mpi"
 
@@ -125,27 +116,16 @@ class MpiAllreduce:
 
     def allreduce(
         self,
-        engine: Collectives,
+        session: Session,
         items: Sequence[np.ndarray],
         layout: Layout,
         opts: CommunicationOptions,
     ) -> list[np.ndarray]:
         """Agree on the call (a node barrier or a tiny MPI check), then reduce over MPI."""
-        what = engine.describe(layout)
-        return engine.run_agreed(
-            layout, opts, what, lambda check: mpi_plan(engine, items, layout, opts, check)
+        what = session.describe(layout)
+        return session.run_agreed(
+            layout, opts, what, lambda check: mpi_plan(session, items, layout, opts, check)
         )
-
-    def reduce_scatter(
-        self,
-        engine: Collectives,
-        items: Sequence[np.ndarray],
-        layout: Layout,
-        opts: CommunicationOptions,
-        bounds: Sequence[int],
-    ) -> np.ndarray:
-        """This rank's block of the MPI allreduce (the bits are the allreduce's)."""
-        return block_by_allreduce(self, engine, items, layout, opts, bounds)
 
 
 ALGORITHM = MpiAllreduce()

@@ -11,8 +11,6 @@ Only calls whose reduction MPI does exactly (integers, floating SUM and MEAN
 on two ranks: ``a + b`` is ``b + a`` bit for bit) and whose one group is one
 tensor run here, straight from the caller's array into the result buffer:
 every rank gets the same bits, and the same bits as ``shm``.
-
-Example: a 4 MiB float32 SUM on two ranks of one node runs here under AUTO.
 """
 
 from __future__ import annotations
@@ -24,37 +22,37 @@ import numpy as np
 
 from hpcdist.collectives import choice
 from hpcdist.collectives.algorithms.mpi import ALGORITHM as MPI_ALGORITHM
-from hpcdist.collectives.algorithms.mpi import block_by_allreduce, exact_in_place, source_view
+from hpcdist.collectives.algorithms.mpi import SlicedScatter, exact_in_place, source_view
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
-from hpcdist.collectives.registry import Where
+from hpcdist.collectives.where import Where
 from hpcdist.runtime import mpi
 
 if TYPE_CHECKING:
-    from hpcdist.collectives.engine import Collectives
     from hpcdist.collectives.fusion import Layout
+    from hpcdist.collectives.session import Session
 
 
-class MpiBand:
+class MpiBand(SlicedScatter):
     """MPI, under AUTO, for one exact tensor in the measured size band on one 2-rank node."""
 
     name = "mpi-direct"
 
     def applies(self, where: Where) -> bool:
         """AUTO, one node of two ranks, one exact group of one tensor, size in the band."""
-        if where.device or not where.auto or where.route is not CI.SHM or where.size != 2:
+        if where.device or not where.auto or where.size != 2 or where.backend is not CI.SHM:
             return False
         layout = where.layout
         lo, hi = choice.mpi_band()
-        if not lo <= layout.nbytes < hi or len(layout.groups) != 1:
+        if layout is None or not lo <= layout.nbytes < hi or len(layout.groups) != 1:
             return False
         group = layout.groups[0]
         return len(group.members) == 1 and exact_in_place(group, layout.op, where.size)
 
     def allreduce(
         self,
-        engine: Collectives,
+        session: Session,
         items: Sequence[np.ndarray],
         layout: Layout,
         opts: CommunicationOptions,
@@ -65,30 +63,19 @@ class MpiBand:
         the ``mpi`` algorithm's plan, with sequence numbers and deadlines.
         """
         if opts.timeout_seconds is not None or opts.mpi_message_bytes:
-            return MPI_ALGORITHM.allreduce(engine, items, layout, opts)
-        window = engine.topology().window
-        assert window is not None  # (applies: route SHM, a window on this node)
-        engine.count_call(layout, opts, layout.text)
+            return MPI_ALGORITHM.allreduce(session, items, layout, opts)
+        window = session.topology().window
+        assert window is not None  # (applies: backend SHM, a window on this node)
+        session.count_call(layout, opts, layout.text)
         agreed, _ = window.sync(layout.digest, None)
         if not agreed:
-            engine.report_mismatch(window, layout.text)
+            session.report_mismatch(window, layout.text)
         group = layout.groups[0]
-        out = engine.buffers.take(("mpi", layout.digest, 0), group.total, group.wire)
-        engine.comm.Allreduce(source_view(group, items), out, mpi().SUM)
+        out = session.buffers.take(("mpi", layout.digest, 0), group.total, group.wire)
+        session.comm.Allreduce(source_view(group, items), out, mpi().SUM)
         if layout.op is ReduceOp.MEAN and group.wire.kind == "f":
-            np.divide(out, np.asarray(engine.size, dtype=group.wire), out=out)
+            np.divide(out, np.asarray(session.size, dtype=group.wire), out=out)
         return [out]
-
-    def reduce_scatter(
-        self,
-        engine: Collectives,
-        items: Sequence[np.ndarray],
-        layout: Layout,
-        opts: CommunicationOptions,
-        bounds: Sequence[int],
-    ) -> np.ndarray:
-        """This rank's block of the band's allreduce (faster here than the window's scatter)."""
-        return block_by_allreduce(self, engine, items, layout, opts, bounds)
 
 
 ALGORITHM = MpiBand()

@@ -12,8 +12,6 @@ A digest mismatch is reported as on the other paths.
 
 Checked calls (a timeout in effect) take the ``shm`` path, which also
 compares sequence numbers and sleeps while it waits.
-
-Example: ``engine.allreduce([np.float32(loss)], "MEAN")`` on one node runs here.
 """
 
 from __future__ import annotations
@@ -26,14 +24,14 @@ import numpy as np
 from hpcdist.collectives.fusion import addresses
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
-from hpcdist.collectives.registry import Where
 from hpcdist.collectives.shm_backend import kernel_op
+from hpcdist.collectives.where import Where
 from hpcdist.kernels import pack_pieces
 from hpcdist.kernels.cpu import fold_rows
 
 if TYPE_CHECKING:
-    from hpcdist.collectives.engine import Collectives
     from hpcdist.collectives.fusion import Layout
+    from hpcdist.collectives.session import Session
     from hpcdist.collectives.shm import NodeWindow
 
 #: Calls of at most this many bytes (all tensors together) take this path.
@@ -51,30 +49,31 @@ class SmallAllreduce:
         self._rows: dict[tuple[int, int], tuple[tuple[np.ndarray, np.ndarray], int]] = {}
 
     def applies(self, where: Where) -> bool:
-        """One node (route SHM), no timeout, one dtype in one bucket, <= :data:`SMALL_BYTES`."""
-        layout = where.layout
+        """One node (backend SHM), no timeout, one dtype in one bucket, <= :data:`SMALL_BYTES`."""
+        layout, window = where.layout, where.window
         return (
             not where.device
-            and where.route is CI.SHM
-            and where.topology.window is not None
+            and window is not None
+            and layout is not None
             and where.options.timeout_seconds is None
             and layout.nbytes <= SMALL_BYTES
             and len(layout.groups) == 1
             and len(layout.groups[0].buckets) == 1
-            and where.topology.window.slot_bytes >= SMALL_BYTES
+            and window.slot_bytes >= SMALL_BYTES
+            and where.backend is CI.SHM
         )
 
     def allreduce(
         self,
-        engine: Collectives,
+        session: Session,
         items: Sequence[np.ndarray],
         layout: Layout,
         opts: CommunicationOptions,
     ) -> list[np.ndarray]:
         """The reduced buffer of the call's one group."""
-        window = engine.topology().window
+        window = session.topology().window
         assert window is not None  # (applies: a window on this node)
-        engine.count_call(layout, opts, layout.text)
+        session.count_call(layout, opts, layout.text)
         group = layout.groups[0]
         wire, total = group.wire, group.total
         which = window.next_set()
@@ -94,11 +93,11 @@ class SmallAllreduce:
             )
         agreed, _ = window.sync(layout.digest, None)
         if not agreed:
-            engine.report_mismatch(window, layout.text)
-        fused, address = engine.buffers.take_with_address((layout.digest, 0), total, wire)
+            session.report_mismatch(window, layout.text)
+        fused, address = session.buffers.take_with_address((layout.digest, 0), total, wire)
         fold_rows(
             window.slot_addresses[which][0], window.slot_bytes, window.size, total, address,
-            known[1], engine.size, wire.char,
+            known[1], session.size, wire.char,
         )
         return [fused]
 

@@ -22,13 +22,13 @@ from hpcdist.collectives.arrivals import (
     describe_arrivals,
     missing_ranks,
 )
-from hpcdist.collectives.engine import _Topology
 from hpcdist.collectives.options import (
     get_default_timeout,
     set_default_timeout,
     stall_warning_seconds,
     timeout_from_env,
 )
+from hpcdist.collectives.session import Topology
 from hpcdist.collectives.shm_backend import _sync_sleeping
 from hpcdist.errors import CollectiveStallWarning, CollectiveTimeoutError
 from hpcdist.runtime import mpi
@@ -277,7 +277,9 @@ class RecordingComm:
 
 def _engine(comm, options=None) -> Collectives:
     c = Collectives(comm, options)
-    c._topology = _Topology(nodes=2, largest_node=1, window=None, leaders=None, node_rank=0)
+    c.session.assume_topology(
+        Topology(nodes=2, largest_node=1, window=None, leaders=None, node_rank=0)
+    )
     return c
 
 
@@ -289,7 +291,7 @@ def test_without_any_timeout_calls_stay_blocking_with_no_board(default_timeout):
     c.allreduce([np.ones(3, np.float32)], "MAX")
     assert comm.calls == ["Iallreduce", "Reduce", "Bcast"] * 2
     assert comm.digests[0] == comm.digests[1]  # the call's digest alone, no sequence number
-    assert c._board is None
+    assert c.session.board is None
 
 
 @pytest.mark.parametrize("where", ["default", "engine", "call"])
@@ -327,7 +329,7 @@ def test_checked_call_on_one_rank_makes_no_mpi_call(default_timeout):
     c = Collectives(mpi().COMM_SELF)
     (out,) = c.allreduce([np.arange(3.0)], "SUM")
     np.testing.assert_array_equal(out, [0.0, 1.0, 2.0])
-    assert c._board is None
+    assert c.session.board is None
     c.close()  # nothing to free
 
 

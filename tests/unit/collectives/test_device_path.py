@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from hpcdist.collectives import Collectives, CommunicationOptions
-from hpcdist.collectives.device_path import choose_route, has_device_arrays
+from hpcdist.collectives.device_path import has_device_arrays
 from hpcdist.collectives.options import CommunicationImplementation as CI
+from hpcdist.collectives.registry import choose_route
 from hpcdist.runtime import mpi
 from hpcdist.runtime.device import DeviceArrayError, is_c_contiguous, is_device_array
 from tests.support.fake_gpu import RUNTIME, FakeGpuArray, fake
@@ -180,13 +181,12 @@ class _TinyDevice:
     """A test-only device algorithm: calls of at most 16 bytes, results plus one."""
 
     name = "tiny-device"
-    route = "tiny"
 
     def __init__(self):
         self.ran = 0
 
     def applies(self, where):
-        return where.device and where.layout.nbytes <= 16
+        return where.device and where.layout is not None and where.layout.nbytes <= 16
 
     def allreduce(self, engine, items, layout, opts):
         self.ran += 1
@@ -207,18 +207,18 @@ def test_a_registered_device_algorithm_is_picked_only_where_it_applies(engine):
     try:
         out = engine.allreduce([fake(np.array([1.0, 2.0], np.float32))], "SUM")
         assert (engine.last_algorithm, engine.last_device_route, tiny.ran) == (
-            "tiny-device", "tiny", 1
+            "tiny-device", "tiny-device", 1
         )
         np.testing.assert_array_equal(out[0].get(), [2.0, 3.0])
         big = np.arange(64, dtype=np.float32)
         out = engine.allreduce([fake(big)], "SUM")  # 256 bytes: not tiny's
         assert (engine.last_algorithm, engine.last_device_route, tiny.ran) == (
-            "device-copy", "copy", 1
+            "copy", "copy", 1
         )
         np.testing.assert_array_equal(out[0].get(), big)
-        host = registry.Where(None, None, None, CI.MPI, False, 2)  # a host call: never tiny
+        host = registry.Where(None, CommunicationOptions(), CI.MPI, 2)  # a host call: never tiny
         assert registry.pick(host).name == "mpi"
     finally:
         registry.unregister("tiny-device")
     engine.allreduce([fake(np.ones(2, np.float32))], "SUM")
-    assert engine.last_algorithm == "device-copy" and tiny.ran == 1
+    assert engine.last_algorithm == "copy" and tiny.ran == 1

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcdist.collectives import Collectives, CommunicationOptions, ReduceOp
-from hpcdist.collectives.engine import _Topology
+from hpcdist.collectives.session import Topology
 from hpcdist.errors import CollectiveTimeoutError, HpcdistError
 from hpcdist.runtime import mpi, world
 
@@ -95,7 +95,9 @@ class FakePeerComm:
 def _over_fake(comm, options=None) -> Collectives:
     """An engine on a fake 2-rank communicator, told it has one rank per node (the MPI path)."""
     c = Collectives(comm, options)
-    c._topology = _Topology(nodes=2, largest_node=1, window=None, leaders=None, node_rank=0)
+    c.session.assume_topology(
+        Topology(nodes=2, largest_node=1, window=None, leaders=None, node_rank=0)
+    )
     return c
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpcdist.collectives import choice, registry
+from hpcdist.collectives import CommunicationOptions, choice, registry
+from hpcdist.collectives.options import CommunicationImplementation as CI
 
 
 class _Never:
@@ -17,24 +18,29 @@ class _Never:
         raise AssertionError("never runs")
 
 
-def _where(device, route=None, operation="allreduce"):
+def _where(device, operation="allreduce", implementation=CI.AUTO, size=2, nccl=False):
     return registry.Where(
-        None, None, None, None, True, 2, device=device, device_route=route, operation=operation
+        None, CommunicationOptions(), implementation, size, nodes=1, largest_node=1,
+        device=device, nccl=nccl, operation=operation,
     )
 
 
-def test_default_order_device_algorithms_then_host_ones_each_ending_with_a_fallback():
+def test_default_order_each_kind_ending_with_a_fallback():
     names = [a.name for a in registry.registered()]
     assert names == [
-        "device-copy", "nccl", "nccl-hierarchical", "mpi-device", "device-staged",
-        "small", "mpi-direct", "shm", "hierarchical", "mpi",
+        "copy", "nccl", "small", "mpi-direct", "shm", "hierarchical", "mpi-device", "staged",
+        "mpi",
     ]
     algorithms = {a.name: a for a in registry.registered()}
     assert algorithms["mpi"].applies(_where(False))  # mpi: whatever the host call
-    assert not algorithms["mpi"].applies(_where(True, "staged"))
-    assert algorithms["device-staged"].applies(_where(True, "nccl"))  # whatever the device call
-    assert not algorithms["device-staged"].applies(_where(False))
+    assert not algorithms["mpi"].applies(_where(True))
+    assert algorithms["staged"].applies(_where(True, nccl=True))  # whatever the device call
+    assert not algorithms["staged"].applies(_where(False))
     assert registry.pick(_where(False)).name == "mpi"
+    assert registry.pick(_where(True, nccl=True)).name == "nccl"  # facts decide, in order
+    assert registry.pick(_where(False, size=1)).name == "copy"  # a world of one, host
+    assert registry.pick(_where(True, size=1)).name == "copy"  # and device
+    assert registry.pick(_where(True, size=1, implementation=CI.NCCL)).name == "nccl"
 
 
 def test_reduce_scatter_asks_only_algorithms_that_have_one():
