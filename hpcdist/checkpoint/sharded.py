@@ -225,7 +225,7 @@ def save_optimizer(directory: str, optimizer: Any, meta: dict | None = None) -> 
 
     Example: ``hd.checkpoint.sharded.save_optimizer("ckpt/5", model.optimizer)``.
     """
-    step = np.int64(optimizer._step())
+    step = np.int64(optimizer.current_step())
     for group, state in zero.states(optimizer):
         flat = group.params[0].flat
         vectors = {"param": np.asarray(state.shard_of(flat))}
@@ -285,7 +285,7 @@ def consolidated_slots(optimizer: Any) -> dict[str, list[np.ndarray]]:
             for j, v in enumerate(group.variables):
                 a, z = group.offsets[j], group.offsets[j + 1]
                 per_var.setdefault(id(v), {})[name] = full[a:z].reshape(v.shape)
-    for v in optimizer._order:
+    for v in optimizer.ordered_variables:
         for name, value in per_var.get(id(v), {}).items():
             out.setdefault(name, []).append(value)
     return out

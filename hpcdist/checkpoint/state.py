@@ -210,7 +210,7 @@ class _DeferredSlots:
 
     def apply(self, optimizer: Any, new: list[Any]) -> None:
         """Assign the waiting values of the variables ``new`` (just given slots)."""
-        position = {id(v): i for i, v in enumerate(optimizer._order)}
+        position = {id(v): i for i, v in enumerate(optimizer.ordered_variables)}
         for v in new:
             i = position.get(id(v))
             values = self.slots.get(i) if i is not None else None
@@ -240,7 +240,7 @@ class OptimizerState:
         return f"optimizer {self.opt.name!r}"
 
     def _ps_variables(self) -> list:
-        it = self.opt._iterations
+        it = self.opt.created_iterations
         return [it] if it is not None and _is_ps_variable(it) else []
 
     def _checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
@@ -251,15 +251,15 @@ class OptimizerState:
                 "worker holds a slice of its slots, which Checkpoint does not gather. Save it "
                 "with hpcdist.checkpoint.sharded.save_optimizer (every worker writes its slice)"
             )
-        arrays = {"iterations": np.asarray(np.int64(opt._step() if not self._ps_variables()
-                                                      else int(opt._iterations)))}  # fmt: skip
-        names = list(opt._slot_names())
-        for i, v in enumerate(opt._order):
+        step = int(opt.created_iterations) if self._ps_variables() else opt.current_step()
+        arrays = {"iterations": np.asarray(np.int64(step))}
+        names = list(opt.slot_names())
+        for i, v in enumerate(opt.ordered_variables):
             slots = opt._entries[id(v)][1]
             for s in names:
                 arrays[f"slot/{i}/{s}"] = _host(slots[s])
         meta = {"class": type(opt).__name__, "slot_names": names,
-                "variables": [str(v.name) for v in opt._order]}  # fmt: skip
+                "variables": [str(v.name) for v in opt.ordered_variables]}  # fmt: skip
         return arrays, meta
 
     def _split(self, arrays: dict, meta: dict) -> dict[int, dict[str, np.ndarray]]:
@@ -274,7 +274,7 @@ class OptimizerState:
                 f"{self._owner()}: the checkpoint holds the state of a {saved_class}, but this "
                 f"optimizer is a {type(opt).__name__}; restore into the same kind of optimizer"
             )
-        names = list(opt._slot_names())
+        names = list(opt.slot_names())
         slots: dict[int, dict[str, np.ndarray]] = {}
         for key, value in arrays.items():
             if key == "iterations":
@@ -294,7 +294,7 @@ class OptimizerState:
                     f"{self._owner()}: variable {i} has slots {sorted(values)} in the checkpoint, "
                     f"expected {names}"
                 )
-        for i, v in enumerate(opt._order):
+        for i, v in enumerate(opt.ordered_variables):
             for name, value in slots.get(i, {}).items():
                 _check_array(self._owner(), f"slot {name!r} of variable {i} ({v.name!r})",
                              value, v.shape, v.dtype)  # fmt: skip
@@ -307,7 +307,7 @@ class OptimizerState:
         opt = self.opt
         slots = self._split(arrays, meta)
         opt.iterations = int(arrays["iterations"])
-        for i, v in enumerate(opt._order):
+        for i, v in enumerate(opt.ordered_variables):
             values = slots.pop(i, None)
             if values:
                 entry = opt._entries[id(v)][1]

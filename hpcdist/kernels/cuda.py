@@ -230,7 +230,7 @@ def _is_device_array(x: Any) -> bool:
     return hasattr(x, "__cuda_array_interface__")
 
 
-def _as_device(x: Any, what: str) -> Any:
+def as_device(x: Any, what: str) -> Any:
     """A Numba device array for ``x`` (itself, or a zero-copy view of a CuPy array)."""
     if not _is_device_array(x):
         raise TypeError(
@@ -250,7 +250,7 @@ def _address(x: Any) -> int:
     return int(x.__cuda_array_interface__["data"][0])
 
 
-def _is_c_contiguous(x: Any) -> bool:
+def is_c_contiguous(x: Any) -> bool:
     if simulator_enabled():
         return bool(x._ary.flags.c_contiguous)
     strides = x.__cuda_array_interface__.get("strides")
@@ -264,7 +264,7 @@ def _is_c_contiguous(x: Any) -> bool:
     return True
 
 
-def _launch_config(n: int) -> tuple[int, int]:
+def launch_config(n: int) -> tuple[int, int]:
     """(blocks, threads) for a grid-stride loop over ``n`` elements."""
     if simulator_enabled():
         threads, max_blocks = 16, 2  # every simulated thread is a Python thread
@@ -315,7 +315,7 @@ def tensor_table(tensors: Sequence[Any], stream: Any = 0) -> TensorTable:
 
 
 def _build_table(tensors: Sequence[Any], stream: Any, keep: bool) -> TensorTable:
-    arrays = tuple(_as_device(t, f"tensor {i}") for i, t in enumerate(tensors))
+    arrays = tuple(as_device(t, f"tensor {i}") for i, t in enumerate(tensors))
     if not arrays:
         raise ValueError("tensor_table: no tensors; expected at least one device array")
     dtype = np.dtype(arrays[0].dtype)
@@ -325,7 +325,7 @@ def _build_table(tensors: Sequence[Any], stream: Any, keep: bool) -> TensorTable
                 f"tensor_table: tensor {i} is {np.dtype(a.dtype)} but tensor 0 is {dtype}; "
                 "put tensors of one dtype in one bucket"
             )
-        if not _is_c_contiguous(a):
+        if not is_c_contiguous(a):
             raise ValueError(
                 f"tensor_table: tensor {i} of shape {tuple(a.shape)} is not C-contiguous; "
                 "pass a contiguous copy"
@@ -383,7 +383,7 @@ def _layout_key(tensors: Sequence[Any]) -> tuple[Any, ...] | None:
     for t in tensors:
         if not _is_device_array(t):
             return None  # _build_table raises the error
-        key.append((_address(t), tuple(t.shape), np.dtype(t.dtype).str, _is_c_contiguous(t)))
+        key.append((_address(t), tuple(t.shape), np.dtype(t.dtype).str, is_c_contiguous(t)))
     return tuple(key)
 
 
@@ -414,7 +414,7 @@ def cached_table(tensors: Sequence[Any], stream: Any = 0) -> TensorTable:
 
 def _table_and_flat(tensors: Any, flat: Any, what: str, stream: Any) -> tuple[TensorTable, Any]:
     table = tensors if isinstance(tensors, TensorTable) else cached_table(tensors, stream)
-    flat = _as_device(flat, f"{what}: flat")
+    flat = as_device(flat, f"{what}: flat")
     if len(flat.shape) != 1 or np.dtype(flat.dtype) != table.dtype:
         raise TypeError(
             f"{what}: flat is {np.dtype(flat.dtype)} of shape {tuple(flat.shape)}; expected a "
@@ -441,7 +441,7 @@ def pack_cuda(
     table, flat = _table_and_flat(tensors, flat, "pack_cuda", stream)
     scale_value, use_scale = _scale_args(scale, table.dtype, "pack_cuda")
     if table.total:
-        blocks, threads = _launch_config(table.total)
+        blocks, threads = launch_config(table.total)
         _pack_kernel[blocks, threads, stream](
             flat, table.addrs, table.offsets, table.total, scale_value, use_scale
         )
@@ -460,7 +460,7 @@ def unpack_cuda(
     table, flat = _table_and_flat(tensors, flat, "unpack_cuda", stream)
     scale_value, use_scale = _scale_args(scale, table.dtype, "unpack_cuda")
     if table.total:
-        blocks, threads = _launch_config(table.total)
+        blocks, threads = launch_config(table.total)
         _unpack_kernel[blocks, threads, stream](
             flat, table.addrs, table.offsets, table.total, scale_value, use_scale
         )
@@ -485,8 +485,8 @@ def reduce_slots_cuda(
 
     Example: ``reduce_slots_cuda(window, 0, m, window[0], 0, SUM, 1)``.
     """
-    slots = _as_device(slots, "reduce_slots_cuda: slots")
-    out = _as_device(out, "reduce_slots_cuda: out")
+    slots = as_device(slots, "reduce_slots_cuda: slots")
+    out = as_device(out, "reduce_slots_cuda: out")
     dtype = np.dtype(slots.dtype)
     if len(slots.shape) != 2 or len(out.shape) != 1 or np.dtype(out.dtype) != dtype:
         raise TypeError(
@@ -523,7 +523,7 @@ def reduce_slots_cuda(
     if count == 0:
         return
     acc = _acc_dtype(dtype)
-    blocks, threads = _launch_config(count)
+    blocks, threads = launch_config(count)
     if op == MEAN:
         _mean_kernel[blocks, threads, stream](
             slots, lo, count, out, out_lo, acc.type(divisor), acc.type(0)

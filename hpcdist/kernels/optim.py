@@ -622,7 +622,7 @@ def nadam(
     (1 - u_1...u_{t+1})``, ``c_g = (1 - u_t) / (1 - u_1...u_t)`` and ``c_v = 1 /
     (1 - beta_2^t)``. ``m`` and ``v`` are updated in place.
 
-    Example: ``nadam(p, p, g, m, v, hyper)`` with ``hyper`` from ``Nadam._hyper``.
+    Example: ``nadam(p, p, g, m, v, hyper)`` with ``hyper`` from ``Nadam.hyper_parameters``.
     """
     dtype = _check_flat("nadam", {"p_in": p_in, "p_out": p_out, "g": g, "m": m, "v": v})
     names = ("lr", "beta_1", "beta_2", "epsilon", "c_m", "c_g", "c_v", "lr*wd")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numba import config, cuda
 
-from hpcdist.kernels.cuda import _as_device, _is_c_contiguous, _launch_config
+from hpcdist.kernels.cuda import as_device, is_c_contiguous, launch_config
 
 __all__ = [
     "adagrad",
@@ -235,8 +235,8 @@ def _flat(name: str, arrays: dict[str, Any], dtype: np.dtype | None = None) -> l
     first = next(iter(arrays))
     size = None
     for label, x in arrays.items():
-        d = _as_device(x, f"{name}: {label}")
-        if len(d.shape) != 1 or not _is_c_contiguous(d):
+        d = as_device(x, f"{name}: {label}")
+        if len(d.shape) != 1 or not is_c_contiguous(d):
             raise TypeError(
                 f"{name}: {label} has shape {tuple(d.shape)}; expected a 1-D C-contiguous "
                 "device array (a flat buffer)"
@@ -313,7 +313,7 @@ def _resolve(stream: Any) -> Any:
 
 def _launch(kernel: Any, n: int, stream: Any, *args: Any) -> None:
     if n:
-        blocks, threads = _launch_config(n)
+        blocks, threads = launch_config(n)
         kernel[blocks, threads, _resolve(stream)](*args)
 
 

@@ -59,13 +59,13 @@ class Adagrad(Optimizer):
         self.initial_accumulator_value = initial
         self.epsilon = check_positive("epsilon", epsilon)
 
-    def _slot_names(self) -> tuple[str, ...]:
+    def slot_names(self) -> tuple[str, ...]:
         return ("accumulator",)
 
     def _slot_initial_value(self, name: str) -> float:
         return self.initial_accumulator_value
 
-    def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
+    def hyper_parameters(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         return np.array([lr, self.epsilon, self._wd()], dtype)
 
     def _update(

@@ -68,10 +68,10 @@ class Adam(Optimizer):
         self.epsilon = check_positive("epsilon", epsilon)
         self.amsgrad = bool(amsgrad)
 
-    def _slot_names(self) -> tuple[str, ...]:
+    def slot_names(self) -> tuple[str, ...]:
         return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
 
-    def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
+    def hyper_parameters(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         t = step + 1
         b1, b2 = self.beta_1, self.beta_2
         lr_t = lr * math.sqrt(1.0 - b2**t) / (1.0 - b1**t) if b1 < 1.0 else 0.0

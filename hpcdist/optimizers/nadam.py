@@ -72,7 +72,7 @@ class Nadam(Optimizer):
         self.epsilon = check_positive("epsilon", epsilon)
         self._product = (0, 1.0)  # (t, u_1 ... u_t): extended step by step
 
-    def _slot_names(self) -> tuple[str, ...]:
+    def slot_names(self) -> tuple[str, ...]:
         return ("m", "v")
 
     def _u_product(self, t: int) -> float:
@@ -85,7 +85,7 @@ class Nadam(Optimizer):
         self._product = (t, product)
         return product
 
-    def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
+    def hyper_parameters(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         t = step + 1
         u_t = momentum_schedule(self.beta_1, t)
         u_next = momentum_schedule(self.beta_1, t + 1)

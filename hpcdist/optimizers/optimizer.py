@@ -179,8 +179,8 @@ class _Group:
 class Optimizer:
     """Base class of the optimizers (Keras 2.11+ ``keras.optimizers.Optimizer`` semantics).
 
-    Subclasses give their slot names (``_slot_names``), their hyper-parameter
-    array (``_hyper``) and the fused kernel call (``_update``).
+    Subclasses give their slot names (``slot_names``), their hyper-parameter
+    array (``hyper_parameters``) and the fused kernel call (``_update``).
 
     ``learning_rate`` is a float or a :class:`~hpcdist.optimizers.schedules.
     LearningRateSchedule` (settable; reading it gives the current value);
@@ -250,7 +250,7 @@ class Optimizer:
     @property
     def learning_rate(self) -> float:
         """The learning rate of the next step (a schedule is evaluated at ``iterations``)."""
-        return self._lr_at(self._step())
+        return self._lr_at(self.current_step())
 
     @learning_rate.setter
     def learning_rate(self, value: LearningRate) -> None:
@@ -287,7 +287,20 @@ class Optimizer:
     def iterations(self, value: Any) -> None:
         self.iterations.assign(np.int64(int(value)))
 
-    def _step(self) -> int:
+    @property
+    def ordered_variables(self) -> list[Any]:
+        """The variables in the order the optimizer first saw them (the order of
+        their slots in checkpoints)."""
+        return self._order
+
+    @property
+    def created_iterations(self) -> Any:
+        """The ``iterations`` variable if it exists yet, else ``None`` (reading
+        :attr:`iterations` creates it)."""
+        return self._iterations
+
+    def current_step(self) -> int:
+        """The number of ``apply_gradients`` calls so far, as an ``int`` (0 before any)."""
         if self._iterations is None:
             return 0
         return int(_component(self._iterations, 0)._value)
@@ -300,7 +313,7 @@ class Optimizer:
         return float(self.weight_decay) if self.weight_decay else 0.0
 
     # -- subclass interface ----------------------------------------------------------------
-    def _slot_names(self) -> tuple[str, ...]:
+    def slot_names(self) -> tuple[str, ...]:
         """The names of the slots each variable gets (in order)."""
         return ()
 
@@ -308,7 +321,7 @@ class Optimizer:
         """The value every element of slot ``name`` starts at (0; Adagrad's accumulator differs)."""
         return 0.0
 
-    def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
+    def hyper_parameters(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         """The kernel's hyper-parameter array for this step, in ``dtype``."""
         raise NotImplementedError
 
@@ -371,7 +384,7 @@ class Optimizer:
             self._sharding = sharded.sharding_of(strategy)
             it = self._iterations
             if it is None or not isinstance(it, (DistributedVariable, AggregatingVariable)):
-                self._iterations = self._new_iterations(strategy, self._step())
+                self._iterations = self._new_iterations(strategy, self.current_step())
             elif it.distribute_strategy is not strategy:
                 raise ValueError(
                     f"optimizer {self._name!r} was created in the scope of "
@@ -380,7 +393,7 @@ class Optimizer:
                 )
         elif self._iterations is None:
             self._iterations = self._new_iterations(None, 0)
-        slot_names = self._slot_names()
+        slot_names = self.slot_names()
         touched: set[np.dtype] = set()
         for v in new:
             dtype = np.dtype(v.dtype)
@@ -464,7 +477,7 @@ class Optimizer:
 
         Example: ``Adam(amsgrad=True).get_slot_names() == ["m", "v", "vhat"]``.
         """
-        return list(self._slot_names())
+        return list(self.slot_names())
 
     def variables(self) -> list[Any]:
         """``iterations`` and every slot variable, in creation order.
@@ -636,9 +649,9 @@ class Optimizer:
         gradient is missing.
         """
         self._build(every)
-        step = self._step()
+        step = self.current_step()
         lr = self._lr_at(step)
-        slot_names = self._slot_names()
+        slot_names = self.slot_names()
         position = {id(v): j for j, v in enumerate(variables)}
         work = []
         for group in self._groups.values():
@@ -692,7 +705,7 @@ class Optimizer:
                 f"variables of {strategy!r} (they are not mirrored); let apply_gradients sum "
                 "them (skip_gradients_aggregation=False, experimental_aggregate_gradients=True)"
             )
-        hypers = {group.dtype: self._hyper(lr, step, group.dtype) for group, _, _ in work}
+        hypers = {group.dtype: self.hyper_parameters(lr, step, group.dtype) for group, _, _ in work}
         for local_id in range(num_local):
             grads = sources[local_id if len(sources) > 1 else 0]
             for (group, _, runs), g in zip(work, grads, strict=True):

@@ -61,7 +61,7 @@ class RMSprop(Optimizer):
         self.epsilon = check_positive("epsilon", epsilon)
         self.centered = bool(centered)
 
-    def _slot_names(self) -> tuple[str, ...]:
+    def slot_names(self) -> tuple[str, ...]:
         names = ["velocity"]
         if self.momentum > 0:
             names.append("momentum")
@@ -69,7 +69,7 @@ class RMSprop(Optimizer):
             names.append("average_gradient")
         return tuple(names)
 
-    def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
+    def hyper_parameters(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         return np.array([lr, self.rho, self.momentum, self.epsilon, self._wd()], dtype)
 
     def _update(

@@ -63,10 +63,10 @@ class SGD(Optimizer):
         self.momentum = check_fraction("momentum", momentum)
         self.nesterov = bool(nesterov)
 
-    def _slot_names(self) -> tuple[str, ...]:
+    def slot_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum > 0 else ()
 
-    def _hyper(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
+    def hyper_parameters(self, lr: float, step: int, dtype: np.dtype) -> np.ndarray:
         if self.momentum > 0:
             return np.array([lr, self.momentum, self._wd()], dtype)
         return np.array([lr, self._wd()], dtype)

@@ -190,7 +190,7 @@ def apply(
             state.scatter_gradients(_padded_buckets(state, group, idx, replica_grads[0]))
         _clip_shards(opt, engine, work, states)
     for state, (group, _, runs) in zip(states, work, strict=True):
-        _update(opt, state, group, runs, opt._hyper(lr, step, group.dtype))
+        _update(opt, state, group, runs, opt.hyper_parameters(lr, step, group.dtype))
 
 
 def _clip_shards(opt: Any, engine: Collectives, work: list, states: list[ShardState]) -> None:

@@ -58,15 +58,15 @@ def _recording(seen: dict[str, set[tuple[Any, ...]]]) -> Iterator[None]:
             patches.append((module, name, _Recorder(f"{module.__name__}.{name}", seen)))
     host = {
         "_is_device_array": lambda x: isinstance(x, np.ndarray),
-        "_as_device": lambda x, what: x if isinstance(x, np.ndarray) else kc._as_device(x, what),
+        "as_device": lambda x, what: x if isinstance(x, np.ndarray) else kc.as_device(x, what),
         "_address": lambda x: int(x.__array_interface__["data"][0]),
-        "_is_c_contiguous": lambda x: bool(x.flags.c_contiguous),
+        "is_c_contiguous": lambda x: bool(x.flags.c_contiguous),
         "_upload": lambda host_array, stream, cupy_owned: host_array,
         "_TABLES": type(kc._TABLES)(),
     }
     patches += [(kc, name, value) for name, value in host.items()]
-    patches += [(ko, "_as_device", host["_as_device"]), (ko, "_is_c_contiguous",
-                                                         host["_is_c_contiguous"])]
+    patches += [(ko, "as_device", host["as_device"]), (ko, "is_c_contiguous",
+                                                         host["is_c_contiguous"])]
     fake_cuda = _CudaProxy(ko.cuda)
     patches.append((ko, "cuda", fake_cuda))
     saved = [(m, n, getattr(m, n)) for m, n, _ in patches]

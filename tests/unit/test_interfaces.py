@@ -36,23 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXTENDED_NAMES = {"extended", "ext", "_extended"}
 EXTENDED_HOME = "hpcdist.distribute"
 
-# Hooks that optimizer subclasses implement and that the checkpoint state and the ps
-# optimizer host call (issue 29 names them; renaming them while the sharded-optimizer
-# work edits the same classes would silently unhook its overrides). Each entry must
-# still be used: the list can only shrink.
-PENDING = {
-    ("hpcdist.checkpoint", "_order"),
-    ("hpcdist.checkpoint", "_iterations"),
-    ("hpcdist.checkpoint", "_step"),
-    ("hpcdist.checkpoint", "_slot_names"),
-    ("hpcdist.distribute", "_slot_names"),
-    ("hpcdist.distribute", "_hyper"),
-    # kernels/cuda.py helpers that optim_cuda.py imports: the GPU contract tests patch them
-    # by these names (tests/gpu_contract/kernel_signatures.py); rename all together.
-    ("hpcdist.kernels", "_as_device"),
-    ("hpcdist.kernels", "_is_c_contiguous"),
-    ("hpcdist.kernels", "_launch_config"),
-}
+# Private names still used across packages, each to be made public; empty now, and
+# every entry must still be used (the list can only shrink).
+PENDING: set[tuple[str, str]] = set()
 
 
 def _private(name: str) -> bool:

@@ -87,9 +87,9 @@ def ps_variables(objects: Any) -> list[Any]:
         elif isinstance(x, dict):
             for y in x.values():
                 walk(y)
-        elif isinstance(getattr(x, "variables", None), list) and not hasattr(x, "_slot_names"):
+        elif isinstance(getattr(x, "variables", None), list) and not hasattr(x, "slot_names"):
             walk(x.variables)  # a ShardedVariable
-        elif hasattr(x, "_slot_names"):  # an optimizer: its step counter, if on a ps
+        elif hasattr(x, "slot_names"):  # an optimizer: its step counter, if on a ps
             it = getattr(x, "_iterations", None)
             if isinstance(it, PSVariable):
                 walk(it)

@@ -4,7 +4,7 @@ Clients register an optimizer by class name and ``get_config()``; the ps
 builds it with :func:`hpcdist.optimizers.deserialize` (the learning rate in the
 config is ignored: every apply brings its own ``lr``) and updates its
 variables in place with the optimizer's fused Numba kernel
-(``opt._update(k, p, p, g, slots, opt._hyper(lr, step, dtype))``). Slots are
+(``opt._update(k, p, p, g, slots, opt.hyper_parameters(lr, step, dtype))``). Slots are
 zeros at a variable's first update; ``step`` is the number of updates this
 optimizer already applied to that variable (Adam's bias correction).
 
@@ -40,7 +40,7 @@ from hpcdist.kernels import optim as kernels
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 #: Builds the ps-side optimizer of ``(class_name, config)``: an object with ``clipnorm``,
-#: ``clipvalue``, ``_slot_names()``, ``_hyper(lr, step, dtype)`` and ``_update(...)``.
+#: ``clipvalue``, ``slot_names()``, ``hyper_parameters(lr, step, dtype)`` and ``_update(...)``.
 OptimizerFactory = Callable[[str, dict[str, Any]], Any]
 _factories: list[OptimizerFactory] = []
 
@@ -135,7 +135,7 @@ class OptimizerHost:
             opt = _build_optimizer(class_name, cfg)
         except (TypeError, ValueError) as e:
             raise PSError(f"cannot build optimizer {class_name} from config {config!r}: {e}") from e
-        names = set(opt._slot_names())
+        names = set(opt.slot_names())
         for (oid, vid), state in self._states.items():
             if oid == opt_id and set(state.slots) != names:
                 raise PSError(
@@ -251,7 +251,7 @@ class OptimizerHost:
                     f"parameter server runs a {registered[0]} under that id. Restore into the "
                     "same optimizers, created in the same order, as the saving program"
                 )
-            names = tuple(registered[1]._slot_names())
+            names = tuple(registered[1].slot_names())
             if set(names) != set(slots):
                 raise PSError(
                     f"the checkpoint has slots {sorted(slots)} for optimizer id {opt_id} "
@@ -276,7 +276,7 @@ class OptimizerHost:
         state = self._states.get((opt_id, var_id))
         if state is None:
             opt = self.optimizer(opt_id)
-            state = _State(tuple(opt._slot_names()), param.size, param.dtype)
+            state = _State(tuple(opt.slot_names()), param.size, param.dtype)
             self._states[(opt_id, var_id)] = state
         return state
 
@@ -324,7 +324,7 @@ class OptimizerHost:
             g = np.ascontiguousarray(g, dtype=p.dtype)
         self._clip(opt, g)
         state = self._state(opt_id, var_id, param)
-        hyper = opt._hyper(float(lr), state.step, p.dtype)
+        hyper = opt.hyper_parameters(float(lr), state.step, p.dtype)
         opt._update(kernels, p, p, g, state.slots, hyper)
         state.step += 1
 
@@ -379,7 +379,7 @@ class OptimizerHost:
             k: np.ascontiguousarray(s.reshape(nrows, width)[uniq]).reshape(-1)
             for k, s in state.slots.items()
         }
-        hyper = opt._hyper(float(lr), state.step, p.dtype)
+        hyper = opt.hyper_parameters(float(lr), state.step, p.dtype)
         opt._update(kernels, p, p, g, slot_rows, hyper)
         table[uniq] = p.reshape(uniq.size, width)
         for k, s in state.slots.items():

@@ -209,7 +209,7 @@ def test_dense_apply_matches_the_reference(kind, opt, dtype):
     tol = 1e-12 if dtype == np.float64 else 2e-5
     np.testing.assert_allclose(p, ref, rtol=tol, atol=tol)
     assert host.step(3, 11) == 5 and host.step(3, 12) == 0
-    assert sorted(host.slots(3, 11, p)) == sorted(opt._slot_names())
+    assert sorted(host.slots(3, 11, p)) == sorted(opt.slot_names())
 
 
 def test_sparse_apply_sums_duplicates_and_touches_only_those_rows():

@@ -30,20 +30,20 @@ class _CaiOnly:
 
 def test_as_device_wraps_a_cupy_like_array_without_a_gpu(monkeypatch):
     # numba.cuda has no is_cuda_ndarray (numba-cuda 0.30): on a GPU every pack, unpack and
-    # optimizer update passed through _as_device and raised AttributeError
+    # optimizer update passed through as_device and raised AttributeError
     from hpcdist.kernels import cuda as kernels
 
     wrapped = []
     monkeypatch.setattr(kernels.cuda, "as_cuda_array",
                         lambda x, sync=True: wrapped.append((x, sync)) or "numba view")
     x = _CaiOnly()
-    assert kernels._as_device(x, "x") == "numba view"
+    assert kernels.as_device(x, "x") == "numba view"
     assert wrapped == [(x, False)]  # no sync: the caller orders the work on its stream
 
     class NumbaArray(_CaiOnly):
         __cuda_ndarray__ = True
 
     y = NumbaArray()
-    assert kernels._as_device(y, "y") is y and len(wrapped) == 1
+    assert kernels.as_device(y, "y") is y and len(wrapped) == 1
     with pytest.raises(TypeError, match="expected a device array"):
-        kernels._as_device(np.ones(3), "z")
+        kernels.as_device(np.ones(3), "z")
