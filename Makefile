@@ -79,7 +79,7 @@ faults: install
 # The documentation site, warnings as errors; tests/docs runs every code block in it.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d build/site
-	timeout -k 20 900 $(PY) -m pytest -q -p no:cacheprovider tests/docs
+	timeout -k 20 900 $(PY) -m pytest -q -p no:cacheprovider -m "not frameworks" tests/docs
 
 # A real single-host SLURM (slurm/local/): sbatch/srun jobs, launch traps, requeue after
 # preemption. Where it cannot start, it fails unless HPCDIST_ALLOW_SKIP=slurm (or the machine
@@ -140,6 +140,7 @@ $(VENV)/.frameworks: $(VENV)/.installed
 
 interop-test: $(VENV)/.frameworks
 	timeout -k 20 1200 $(PY) -m pytest -q -p no:cacheprovider tests/interop
+	timeout -k 20 600 $(PY) -m pytest -q -p no:cacheprovider -m frameworks tests/docs/test_code_blocks.py
 	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 2 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
 	timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 $(MPI_PYTEST:tests/mpi=tests/interop_mpi)
 	HPCDIST_VIRTUAL_NODES=2 timeout -k 20 $(MPI_TEST_TIMEOUT) $(MPIRUN) -n 4 $(MPI_PYTEST:tests/mpi=tests/interop_mpi/test_torch_zero_mpi.py)

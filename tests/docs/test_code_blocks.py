@@ -36,6 +36,9 @@ DOCS = ROOT / "docs"
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
 _MPIRUN = re.compile(r"^#\s*mpirun\s+-n\s+(\d+)\s*$")
 _ENV = re.compile(r"^#\s*env:\s*([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+# "# needs: torch": the block imports a framework, so it runs in `make interop-test` (after
+# the frameworks are installed, `-m frameworks`), not in `make docs` (`-m "not frameworks"`).
+_NEEDS = re.compile(r"^#\s*needs:\s*(\w+)\s*$")
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Block:
     expected: str | None = None
     ranks: int = 0
     env: dict[str, str] = field(default_factory=dict)
+    needs: str | None = None
 
     @property
     def id(self) -> str:
@@ -98,6 +102,8 @@ def python_blocks() -> list[Block]:
                     block.ranks = int(m.group(1))
                 elif m := _ENV.match(line):
                     block.env[m.group(1)] = m.group(2).strip()
+                elif m := _NEEDS.match(line):
+                    block.needs = m.group(1)
             following = blocks[k + 1] if k + 1 < len(blocks) else None
             if following is not None and re.search(r'title="Output"', following.info):
                 block.expected = following.code
@@ -124,6 +130,11 @@ def test_the_docs_have_python_blocks_some_of_them_multi_rank():
     assert len(BLOCKS) >= 20
     assert any(b.ranks >= 2 for b in BLOCKS)
     assert any(b.expected is not None for b in BLOCKS)
+    # framework blocks are marked, and only those import a framework
+    assert any(b.needs == "torch" for b in BLOCKS)
+    for b in BLOCKS:
+        imports = re.findall(r"^\s*(?:import|from)\s+(torch|jax|tensorflow)\b", b.code, re.M)
+        assert not imports or b.needs, f"{b.id} imports {imports[0]}: mark it '# needs: ...'"
 
 
 def test_the_block_parser():
@@ -253,7 +264,11 @@ def test_the_zygote_reports_output_failures_and_exit_codes(zygote: Zygote, tmp_p
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+@pytest.mark.parametrize(
+    "block",
+    [pytest.param(b, marks=[pytest.mark.frameworks] if b.needs else []) for b in BLOCKS],
+    ids=[b.id for b in BLOCKS],
+)
 def test_code_block_runs(block: Block, tmp_path: Path, zygote: Zygote):
     script = tmp_path / "block.py"
     script.write_text(block.code, encoding="utf-8")
