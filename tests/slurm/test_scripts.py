@@ -15,9 +15,10 @@ from tests.slurm.jobs import SLURM_DIR, run
 SCRIPTS = sorted(p.name for p in SLURM_DIR.glob("*.sbatch"))
 
 
-def test_the_four_scripts_exist() -> None:
+def test_the_five_scripts_exist() -> None:
     assert SCRIPTS == [
         "requeue.sbatch",
+        "scaling.sbatch",
         "train-cpu.sbatch",
         "train-gpu.sbatch",
         "train-multinode.sbatch",
