@@ -253,8 +253,8 @@ class BufferPool:
         if known is not None and known[0] is buf:
             return buf, known[1]
         address = data_address(buf)
-        if len(self._addresses) >= self.LIMIT:
-            self._addresses.clear()
+        self._addresses.pop(key, None)
+        _evict_oldest(self._addresses, self.LIMIT)
         self._addresses[key] = (buf, address)
         return buf, address
 
@@ -268,7 +268,14 @@ class BufferPool:
             if sys.getrefcount(buf) == held:
                 return buf
         buf = np.empty(count, dtype)
-        if len(self._spare) >= self.LIMIT:
-            self._spare.clear()
+        self._spare.pop(key, None)  # a replaced buffer goes to the back of the queue
+        _evict_oldest(self._spare, self.LIMIT)
         self._spare[key] = buf
         return buf
+
+
+def _evict_oldest(entries: dict, limit: int) -> None:
+    """Drop the longest-kept entry when ``entries`` is full (one at a time, never all:
+    a run with more layouts than the limit keeps its recent ones)."""
+    if len(entries) >= limit:
+        del entries[next(iter(entries))]

@@ -5,6 +5,8 @@ Run under ``mpirun -n 2``, ``-n 4`` and ``HPCDIST_VIRTUAL_NODES=2 mpirun -n 4``.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -92,11 +94,24 @@ def test_a_held_result_is_never_overwritten_and_a_dropped_one_is_reused(strategy
     third = strategy.run(lambda v: hd.get_replica_context().all_reduce("SUM", v), args=(a,))
     _same_bits(first, kept)
     _same_bits(third, kept)
-    address = second.ctypes.data
-    del second
-    fourth = strategy.reduce("SUM", pb, axis=None)  # nothing holds the last buffer now
-    assert fourth.ctypes.data == address
+    # Reuse: the pool hands back the very buffer object it kept (a weak reference proves
+    # it is the same object, so a fresh allocation at a recycled address cannot pass).
+    fourth = strategy.reduce("SUM", pb, axis=None)
+    buffer = weakref.ref(_owner(fourth))
+    want = fourth.copy()
+    del second, third, fourth  # nothing outside the pool holds the last buffer now
+    assert buffer() is not None, "the pool let go of the buffer it should keep for reuse"
+    fifth = strategy.reduce("SUM", pb, axis=None)
+    assert _owner(fifth) is buffer(), "a dropped result buffer was not reused"
+    _same_bits(fifth, want)
     _same_bits(first, kept)
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (the end of its ``base`` chain)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 def test_two_local_replicas_keep_held_results_too():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcdist.collectives import choice
-from hpcdist.collectives.fusion import addresses, build_layout, unfuse, wire_dtype
+from hpcdist.collectives.fusion import BufferPool, addresses, build_layout, unfuse, wire_dtype
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.kernels import gather_bytes
@@ -107,3 +107,31 @@ def test_slot_bytes_shrinks_on_crowded_nodes_and_reads_the_variable():
     assert choice.slot_bytes(2, environ={"HPCDIST_SHM_SLOT_BYTES": "65536"}) == 65536
     with pytest.raises(ValueError, match="HPCDIST_SHM_SLOT_BYTES"):
         choice.slot_bytes(2, environ={"HPCDIST_SHM_SLOT_BYTES": "12"})
+
+
+def test_buffer_pool_reuses_a_dropped_buffer_and_never_a_held_one():
+    pool = BufferPool()
+    f32 = np.dtype(np.float32)
+    a = pool.take("k", 8, f32)
+    b = pool.take("k", 8, f32)
+    assert b is not a  # ``a`` is still held
+    a_id = id(b)
+    del b
+    assert id(pool.take("k", 8, f32)) == a_id  # dropped: the same buffer again
+    buf, address = pool.take_with_address("k", 8, f32)
+    assert address == buf.ctypes.data
+    del buf
+    again, same = pool.take_with_address("k", 8, f32)  # the address cache does not count as a holder
+    assert same == address and again.ctypes.data == address
+
+
+def test_buffer_pool_past_its_limit_drops_its_oldest_layout_only():
+    pool = BufferPool()
+    f32 = np.dtype(np.float32)
+    kept = {}
+    for i in range(BufferPool.LIMIT + 3):
+        kept[i] = id(pool.take(i, 4, f32))  # each dropped at once: free for reuse
+    recent = BufferPool.LIMIT + 2
+    assert id(pool.take(recent, 4, f32)) == kept[recent]  # recent layouts survive the overflow
+    assert id(pool.take(BufferPool.LIMIT - 1, 4, f32)) == kept[BufferPool.LIMIT - 1]
+    assert len(pool._spare) == BufferPool.LIMIT
