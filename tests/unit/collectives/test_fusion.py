@@ -120,8 +120,8 @@ def test_buffer_pool_reuses_a_dropped_buffer_and_never_a_held_one():
     assert id(pool.take("k", 8, f32)) == a_id  # dropped: the same buffer again
     buf, address = pool.take_with_address("k", 8, f32)
     assert address == buf.ctypes.data
-    del buf
-    again, same = pool.take_with_address("k", 8, f32)  # the address cache does not count as a holder
+    del buf  # the address cache does not count as a holder
+    again, same = pool.take_with_address("k", 8, f32)
     assert same == address and again.ctypes.data == address
 
 
