@@ -55,6 +55,9 @@ from hpcdist.kernels.fold16 import fold_rows16, is_half
 #: Checked mode: a node barrier spins (yielding the CPU) this long before it sleeps.
 YIELDING_S = 100e-6
 
+#: Checked mode: a waiting rank sleeps this share of the time it has waited, between checks.
+SLEEP_SHARE = 0.125
+
 #: Buckets up to this many bytes are reduced whole by every rank (one barrier).
 SMALL_BUCKET_BYTES = 64 * 1024
 
@@ -176,17 +179,22 @@ class _Done:
 
 
 def _sync_sleeping(window: NodeWindow, digest: int, watch: Any) -> tuple[bool | None, int]:
-    """A node barrier that sleeps while it waits (after :data:`YIELDING_S` of spinning:
-    50 µs doubling to 10 ms between checks), ticking ``watch``; ``(None, seq)`` at its
-    deadline. The checked-mode barrier."""
-    agreed, seq = window.sync(digest, time.monotonic() + YIELDING_S)  # arrive, spin briefly
-    delay = FIRST_SLEEP_S
+    """A node barrier that sleeps while it waits (after :data:`YIELDING_S` of spinning),
+    ticking ``watch``; ``(None, seq)`` at its deadline. The checked-mode barrier.
+
+    Each sleep is :data:`SLEEP_SHARE` of the time waited so far (50 µs to 10 ms):
+    a rank wakes at most that share late after the last rank arrives (doubling
+    sleeps could oversleep by the whole wait), in a few dozen wake-ups.
+    """
+    start = time.monotonic()
+    agreed, seq = window.sync(digest, start + YIELDING_S)  # arrive, spin briefly
     while agreed is None:
-        left = watch.deadline - time.monotonic()
+        now = time.monotonic()
+        left = watch.deadline - now
         if left <= 0:
             return None, seq
+        delay = min(max(FIRST_SLEEP_S, (now - start) * SLEEP_SHARE), LONGEST_SLEEP_S)
         time.sleep(min(delay, left))
-        delay = min(delay * 2, LONGEST_SLEEP_S)
         try:
             watch.tick()
         except CollectiveStallWarning as warning:  # raised as an error: -W error
@@ -379,6 +387,107 @@ def reduce_scatter_plan(
     if hi > lo:
         code = kernel_op(layout.op, group.wire, False)
         reduce_slots(window.slots(which, group.wire), lo, hi, out, 0, code, divisor)
+    return out
+
+
+def blocked_reduce_scatter_plan(
+    window: NodeWindow,
+    layout: Layout,
+    item: np.ndarray,
+    bounds: Sequence[int],
+    divisor: int,
+    digest: int | None = None,
+) -> NodePlan:
+    """:func:`reduce_scatter_plan` for a tensor of any size: rounds of one slot each.
+
+    Round ``k`` carries, from every rank's block ``r``, its ``k``-th chunk of
+    ``c`` elements (``c``: a slot's ``1/n``): each rank copies those chunks
+    into its slot (chunk of block ``r`` at ``r * c``), one barrier, and rank
+    ``r`` folds only the chunk of its own block, in rank order, straight into
+    its result. So every rank reads and folds ``1/n`` of the bytes (a real
+    reduce-scatter, balanced in every round), and the bits are those of the
+    allreduce's fold. The sets alternate: a set is written again only after
+    the next round's barrier, which every rank reaches after its fold.
+    """
+    me, n = window.rank, window.size
+    group = layout.groups[0]
+    wire = group.wire
+    unit = max(1, ALIGN // wire.itemsize)
+    c = max(unit, (window.slot_bytes // wire.itemsize // n) // unit * unit)
+    flat = item.reshape(-1).view(np.uint8)
+    size = wire.itemsize
+    lengths = [bounds[r + 1] - bounds[r] for r in range(n)]
+    rounds = max(1, -(-max(lengths) // c))
+    code = kernel_op(layout.op, wire, False)
+    out = np.empty(lengths[me], wire)
+    digest = layout.digest if digest is None else digest
+    for k in range(rounds):
+        which = window.next_set()
+        mine = window.slots(which)[me]
+        for r in range(n):
+            lo = bounds[r] + k * c
+            hi = min(bounds[r + 1], lo + c)
+            if hi > lo:
+                mine[r * c * size : (r * c + hi - lo) * size] = flat[lo * size : hi * size]
+        agreed = yield digest
+        if k == 0 and not agreed:
+            raise _Mismatch(layout.text)
+        lo = k * c
+        hi = min(lengths[me], lo + c)
+        if hi > lo:
+            at = me * c
+            reduce_slots(window.slots(which, wire), at, at + hi - lo, out, lo, code, divisor)
+    return out
+
+
+def allgather_plan(
+    window: NodeWindow, moved: np.ndarray, digest: int, text: str, pool: BufferPool | None = None
+) -> NodePlan:
+    """Every node rank's ``moved`` (rows first) concatenated in rank order, through the slots.
+
+    Round 0: each rank writes its row count (the slot's first 64 bytes) and
+    its first bytes into its slot, one barrier (comparing ``digest``; on a
+    mismatch :class:`_Mismatch`), and every rank copies every slot's bytes
+    straight into the result. Tensors longer than a slot take further rounds
+    of one slot each. No MPI call: nothing waits on an MPI library's progress.
+    The result comes from ``pool`` when given (reused once the caller let go of it).
+    """
+    me, n = window.rank, window.size
+    src = moved.reshape(-1).view(np.uint8)
+    cap = window.slot_bytes - ALIGN
+    which = window.next_set()
+    slots = window.slots(which)
+    slots[me, :8].view(np.int64)[0] = moved.shape[0]
+    slots[me, ALIGN : ALIGN + min(cap, src.size)] = src[:cap]
+    agreed = yield digest
+    if not agreed:
+        raise _Mismatch(text)
+    rows = [int(slots[r, :8].view(np.int64)[0]) for r in range(n)]
+    row_bytes = src.size // moved.shape[0] if moved.shape[0] else 0
+    if not row_bytes:  # no rows here: every rank's row size from the shape
+        row_bytes = int(np.prod(moved.shape[1:], dtype=np.int64)) * moved.dtype.itemsize
+    shape = (sum(rows), *moved.shape[1:])
+    if pool is None:
+        out = np.empty(shape, dtype=moved.dtype)
+    else:
+        count = int(np.prod(shape, dtype=np.int64))
+        out = pool.take(("allgather", digest, shape), count, moved.dtype).reshape(shape)
+    dst = out.reshape(-1).view(np.uint8)
+    sizes = [r * row_bytes for r in rows]
+    starts = np.cumsum([0, *sizes]).tolist()
+    rounds = max(1, -(-max(sizes) // cap))
+    for k in range(rounds):
+        if k:
+            which = window.next_set()
+            slots = window.slots(which)
+            piece = src[k * cap : (k + 1) * cap]
+            slots[me, ALIGN : ALIGN + piece.size] = piece
+            yield digest
+        for r in range(n):
+            lo = k * cap
+            hi = min(sizes[r], lo + cap)
+            if hi > lo:
+                dst[starts[r] + lo : starts[r] + hi] = slots[r, ALIGN : ALIGN + hi - lo]
     return out
 
 

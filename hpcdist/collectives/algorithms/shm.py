@@ -8,14 +8,20 @@ the same bits, run after run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hpcdist.collectives.algorithms.mpi import SlicedScatter
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
-from hpcdist.collectives.shm_backend import MpiStep, allreduce_plan, reduce_scatter_plan
+from hpcdist.collectives.shm_backend import (
+    MpiStep,
+    allgather_plan,
+    allreduce_plan,
+    blocked_reduce_scatter_plan,
+    reduce_scatter_plan,
+)
 from hpcdist.collectives.where import Where
 
 if TYPE_CHECKING:
@@ -48,6 +54,21 @@ def node_allreduce(
     return session.run_on_node(top.window, plan, opts, agreed.text, what, sig)
 
 
+def node_allgather(
+    session: Session, moved: np.ndarray, layout: Any, opts: CommunicationOptions, what: str
+) -> np.ndarray:
+    """An allgather of ``moved`` (rows first) through the node's window, for ranks on one
+    node (:func:`~hpcdist.collectives.shm_backend.allgather_plan`); ``layout``: the call's
+    signature (text, digest), compared at the barriers."""
+    window = session.topology(opts.timeout_seconds).window
+    assert window is not None  # (the caller checked: one node with a window)
+    sig = session.count_call(layout, opts, what)
+    agreed = layout if sig is None else sig
+    plan = allgather_plan(window, moved, agreed.digest, agreed.text, session.buffers)
+    result: np.ndarray = session.run_on_node(window, plan, opts, agreed.text, what, sig)
+    return result
+
+
 class ShmAllreduce(SlicedScatter):
     """The node's shared window, for ranks on one node."""
 
@@ -75,21 +96,19 @@ class ShmAllreduce(SlicedScatter):
         opts: CommunicationOptions,
         bounds: Sequence[int],
     ) -> np.ndarray:
-        """Each rank folds only its own block in the window, when the tensor fits one
-        slot; else this rank's block of the window's allreduce."""
+        """Each rank folds only its own block in the window: the whole tensor in one
+        slot when it fits, else in rounds of one slot (a chunk of every block each)."""
         top = session.topology(opts.timeout_seconds)
         group = layout.groups[0]
         window = top.window
-        if window is None or top.nodes != 1 or group.total * group.wire.itemsize > (
-            window.slot_bytes
-        ):
+        if window is None or top.nodes != 1:
             return super().reduce_scatter(session, items, layout, opts, bounds)
         what = session.describe(layout)
         sig = session.count_call(layout, opts, what)
         agreed = layout if sig is None else sig
-        plan = reduce_scatter_plan(
-            window, layout, items[0], list(bounds), session.size, agreed.digest
-        )
+        fits = group.total * group.wire.itemsize <= window.slot_bytes
+        make = reduce_scatter_plan if fits else blocked_reduce_scatter_plan
+        plan = make(window, layout, items[0], list(bounds), session.size, agreed.digest)
         result: np.ndarray = session.run_on_node(window, plan, opts, agreed.text, what, sig)
         return result
 
