@@ -16,10 +16,11 @@ parameters.
   frees the bucket's ``.grad`` tensors (they are ``None`` after backward).
 
 After the local step the updated shards are all-gathered into every rank's
-parameters, on the communication thread: ``step()`` returns at once and the
-model's next forward (a forward pre-hook), ``model.state_dict()``, the next
-``step()`` or :meth:`wait_parameters` wait for it. Without ``model=`` the
-gather completes inside ``step()``.
+parameters, per bucket on the communication thread: ``step()`` returns at
+once and the model's next forward (a forward pre-hook), ``model.state_dict()``,
+the next ``step()`` or :meth:`wait_parameters` wait for it. Without ``model=``
+or ``overlap``, ``step()`` gathers every shard in one call on its own thread
+and copies each rank's segments straight into the parameters.
 
 ``state_dict()`` holds this rank's shard state (the local optimizer's
 ``state_dict``, plus an ``"hpcdist_shard"`` entry naming the layout) and
@@ -80,7 +81,8 @@ class ShardedReducer(Reducer):
             self._engine.size,
         )
         self.rank = self._engine.rank
-        self.mine: list[Segment] = self.layout.segments(self.rank)
+        self._everyone = [self.layout.segments(r) for r in range(self.layout.world_size)]
+        self.mine: list[Segment] = self._everyone[self.rank]
         size = self.layout.shard_size
         self.flat = torch.zeros(size, dtype=dtype, device=device)
         self.flat_grad = torch.zeros(size, dtype=dtype, device=device)
@@ -115,6 +117,7 @@ class ShardedReducer(Reducer):
         for event in self._ready:
             event.set()
         self._gather_error: BaseException | None = None
+        self._scatter_buf: torch.Tensor | None = None  # ZeRO-2: a bucket packed for the engine
         if model is not None:  # each module waits for the buckets of its own parameters
             bucket_of = {id(p): b for b, members in enumerate(self.layout.buckets)
                          for p in (self.params[i] for i in members)}
@@ -147,8 +150,15 @@ class ShardedReducer(Reducer):
             b = self._buckets.index(bucket)
             lo, hi = self.layout.bucket_of_shard(b)
             total = self.layout.bucket_sizes[b]
-            buf = torch.empty((hi - lo) * self.layout.world_size, dtype=self.flat.dtype,
-                              device=self.flat.device)
+            need = (hi - lo) * self.layout.world_size
+            if self._scatter_buf is None or self._scatter_buf.numel() < need:
+                # one buffer for every bucket (the jobs run one at a time): no fresh
+                # pages to fault in each step, and at most one bucket of extra memory
+                longest = max(self.layout.bucket_of_shard(k)[1] - self.layout.bucket_of_shard(k)[0]
+                              for k in range(len(self._buckets)))
+                self._scatter_buf = torch.empty(longest * self.layout.world_size,
+                                                dtype=self.flat.dtype, device=self.flat.device)
+            buf = self._scatter_buf[:need]
             torch.cat([p.grad.reshape(-1) for p in bucket.params], out=buf[:total])
             buf[total:].zero_()
             part = self._engine.reduce_scatter(_numpy(buf), ReduceOp.MEAN, self._options)
@@ -183,17 +193,15 @@ class ShardedReducer(Reducer):
                                            for gg, _, _, p in self.pieces):
                     local.update({k: v for k, v in grp.items() if k != "params"})
         self.local.step()
+        if self._queue is None or self._hooked_model is None:
+            self._gather()  # on this thread (the communication thread is idle now)
+            self.wait_parameters()
+            return
         for event in self._ready:
             event.clear()
         # the last bucket holds the first layers: gathered first, for the next forward
         for b in reversed(range(len(self._buckets))):
-            job = _Job(self._gather_bucket, b)
-            if self._queue is not None:
-                cast("Any", self._queue).put(job)  # a job, not a bucket: _serve runs it
-            else:
-                job()
-        if self._queue is None or self._hooked_model is None:
-            self.wait_parameters()
+            cast("Any", self._queue).put(_Job(self._gather_bucket, b))  # _serve runs jobs
 
     _hooked_model: torch.nn.Module | None = None
 
@@ -216,11 +224,26 @@ class ShardedReducer(Reducer):
             self._ready[b].set()
 
     def _gather(self) -> None:
-        """All-gather every bucket on this thread (every rank calls it)."""
+        """All-gather every rank's whole shard on this thread, in one call, and copy each
+        rank's segments straight into the parameters (every rank calls it)."""
         for event in self._ready:
             event.clear()
-        for b in reversed(range(len(self._buckets))):
-            self._gather_bucket(b)
+        try:
+            shard = self.layout.shard_size
+            rows = torch.as_tensor(self._engine.allgather(_numpy(self.flat), 0, self._options))
+            with torch.no_grad():
+                for r, segments in enumerate(self._everyone):
+                    row = rows[r * shard : (r + 1) * shard]
+                    for seg in segments:
+                        p = self.params[seg.param].view(-1)
+                        p[seg.start : seg.start + seg.length].copy_(
+                            row[seg.at : seg.at + seg.length]
+                        )
+        except BaseException as err:
+            self._gather_error = err
+        finally:
+            for event in self._ready:
+                event.set()
 
     def _wait_buckets(self, buckets: tuple[int, ...]) -> None:
         for b in buckets:
