@@ -40,7 +40,6 @@ import numpy as np
 from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's type out
 from hpcdist.arrays import asarray, device_of, to_host
 from hpcdist.collectives import choice, compression
-from hpcdist.collectives.algorithms.shm import node_allgather
 from hpcdist.collectives.alltoall import alltoall as alltoall_arrays
 from hpcdist.collectives.choice import BAND_KEY, ENV_KEY, band_reads, read_env
 from hpcdist.collectives.device_path import has_device_arrays
@@ -307,13 +306,9 @@ class Collectives:
         layout = self._session.call_layout(("allgather", text), text)
         moved = np.ascontiguousarray(np.moveaxis(host, axis, 0))
         what = f"allgather(axis={axis}) of {describe_arrays([host])} on this rank"
-        facts = self._where(None, opts, "allgather")
-        if facts.backend is CI.SHM and facts.window is not None:  # one node: the window
-            out = node_allgather(self._session, moved, layout, opts, what)
-        else:
-            out = self._session.run_agreed(
-                layout, opts, what, lambda check: allgather_plan(self._session, moved, check)
-            )
+        out = self._session.run_agreed(
+            layout, opts, what, lambda check: allgather_plan(self._session, moved, check)
+        )
         if axis != 0:
             out = np.ascontiguousarray(np.moveaxis(out, 0, axis))
         return place(out, where)

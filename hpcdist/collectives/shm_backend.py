@@ -440,57 +440,6 @@ def blocked_reduce_scatter_plan(
     return out
 
 
-def allgather_plan(
-    window: NodeWindow, moved: np.ndarray, digest: int, text: str, pool: BufferPool | None = None
-) -> NodePlan:
-    """Every node rank's ``moved`` (rows first) concatenated in rank order, through the slots.
-
-    Round 0: each rank writes its row count (the slot's first 64 bytes) and
-    its first bytes into its slot, one barrier (comparing ``digest``; on a
-    mismatch :class:`_Mismatch`), and every rank copies every slot's bytes
-    straight into the result. Tensors longer than a slot take further rounds
-    of one slot each. No MPI call: nothing waits on an MPI library's progress.
-    The result comes from ``pool`` when given (reused once the caller let go of it).
-    """
-    me, n = window.rank, window.size
-    src = moved.reshape(-1).view(np.uint8)
-    cap = window.slot_bytes - ALIGN
-    which = window.next_set()
-    slots = window.slots(which)
-    slots[me, :8].view(np.int64)[0] = moved.shape[0]
-    slots[me, ALIGN : ALIGN + min(cap, src.size)] = src[:cap]
-    agreed = yield digest
-    if not agreed:
-        raise _Mismatch(text)
-    rows = [int(slots[r, :8].view(np.int64)[0]) for r in range(n)]
-    row_bytes = src.size // moved.shape[0] if moved.shape[0] else 0
-    if not row_bytes:  # no rows here: every rank's row size from the shape
-        row_bytes = int(np.prod(moved.shape[1:], dtype=np.int64)) * moved.dtype.itemsize
-    shape = (sum(rows), *moved.shape[1:])
-    if pool is None:
-        out = np.empty(shape, dtype=moved.dtype)
-    else:
-        count = int(np.prod(shape, dtype=np.int64))
-        out = pool.take(("allgather", digest, shape), count, moved.dtype).reshape(shape)
-    dst = out.reshape(-1).view(np.uint8)
-    sizes = [r * row_bytes for r in rows]
-    starts = np.cumsum([0, *sizes]).tolist()
-    rounds = max(1, -(-max(sizes) // cap))
-    for k in range(rounds):
-        if k:
-            which = window.next_set()
-            slots = window.slots(which)
-            piece = src[k * cap : (k + 1) * cap]
-            slots[me, ALIGN : ALIGN + piece.size] = piece
-            yield digest
-        for r in range(n):
-            lo = k * cap
-            hi = min(sizes[r], lo + cap)
-            if hi > lo:
-                dst[starts[r] + lo : starts[r] + hi] = slots[r, ALIGN : ALIGN + hi - lo]
-    return out
-
-
 def check_plan(
     window: NodeWindow, digest: int, text: str, comm: Any = None, then: Plan | None = None
 ) -> NodePlan:

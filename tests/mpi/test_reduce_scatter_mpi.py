@@ -1,4 +1,4 @@
-"""reduce_scatter and allgather over the node's shared window, tensors larger than a slot.
+"""reduce_scatter over the node's shared window for tensors larger than one slot.
 
 The ``shm`` algorithm reduce-scatters a tensor that does not fit one slot in
 rounds (:func:`hpcdist.collectives.shm_backend.blocked_reduce_scatter_plan`):
@@ -9,9 +9,7 @@ rank's block must be bitwise the matching slice of the engine's allreduce
 not divisible by the number of ranks, every dtype the fold knows
 (bfloat16 included) and checked calls. Run under ``mpirun -n 2``, ``-n 4``
 and with 2 virtual nodes (where the hierarchical algorithm slices its
-allreduce: the same bits by construction). The allgather of ranks on one
-node also runs through the slots (:func:`~hpcdist.collectives.shm_backend.allgather_plan`):
-uneven and empty contributions, many rounds, checked calls, mismatches.
+allreduce: the same bits by construction).
 """
 
 from __future__ import annotations
@@ -156,30 +154,3 @@ def test_different_shapes_raise_a_mismatch_on_every_rank(small_slots):
     ok = c.reduce_scatter(np.ones(100_003, np.float32), "SUM")  # still usable afterwards
     assert np.all(ok == c.size)
 
-
-@pytest.mark.parametrize("checked", [False, True], ids=["blocking", "timeout"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
-def test_allgather_of_uneven_tensors_larger_than_a_slot(small_slots, dtype, checked):
-    c = small_slots
-    opts = CommunicationOptions(timeout_seconds=60.0 if checked else None)
-    everyone = [_input(dtype, (0 if r == 1 else 9_000 * (r + 1), 3), r) for r in range(c.size)]
-
-    def run() -> None:
-        out = c.allgather(everyone[c.rank], 0, opts)
-        want = np.concatenate(everyone)
-        assert out.dtype == want.dtype and out.shape == want.shape
-        assert _bits(out) == _bits(want)
-        ones = c.allgather(np.full((2, 5), c.rank, np.int32), 1, opts)  # another axis
-        assert ones.shape == (2, 5 * c.size)
-        assert np.array_equal(ones[0], np.repeat(np.arange(c.size), 5))
-
-    _everywhere(run)
-
-
-def test_allgather_of_different_dtypes_raises_a_mismatch_on_every_rank(small_slots):
-    c = small_slots
-    x = np.ones(70_000, np.float64 if c.rank == 0 else np.float32)
-    with pytest.raises(CollectiveMismatchError):
-        c.allgather(x)
-    ok = c.allgather(np.full(3, c.rank, np.int64))  # still usable afterwards
-    assert np.array_equal(ok, np.repeat(np.arange(c.size), 3))

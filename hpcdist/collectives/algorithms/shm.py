@@ -8,7 +8,7 @@ the same bits, run after run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,7 +17,6 @@ from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.shm_backend import (
     MpiStep,
-    allgather_plan,
     allreduce_plan,
     blocked_reduce_scatter_plan,
     reduce_scatter_plan,
@@ -52,21 +51,6 @@ def node_allreduce(
         session.buffers, agreed.digest, opts.compression,
     )
     return session.run_on_node(top.window, plan, opts, agreed.text, what, sig)
-
-
-def node_allgather(
-    session: Session, moved: np.ndarray, layout: Any, opts: CommunicationOptions, what: str
-) -> np.ndarray:
-    """An allgather of ``moved`` (rows first) through the node's window, for ranks on one
-    node (:func:`~hpcdist.collectives.shm_backend.allgather_plan`); ``layout``: the call's
-    signature (text, digest), compared at the barriers."""
-    window = session.topology(opts.timeout_seconds).window
-    assert window is not None  # (the caller checked: one node with a window)
-    sig = session.count_call(layout, opts, what)
-    agreed = layout if sig is None else sig
-    plan = allgather_plan(window, moved, agreed.digest, agreed.text, session.buffers)
-    result: np.ndarray = session.run_on_node(window, plan, opts, agreed.text, what, sig)
-    return result
 
 
 class ShmAllreduce(SlicedScatter):
