@@ -13,7 +13,10 @@ and returns the result. :func:`drive` issues each call on the communicator,
 MPI does not match a nonblocking collective with a blocking one, so every
 rank must run a plan in the same mode; calls marked ``nonblocking`` (the
 metadata check) are nonblocking in both modes, which lets ranks that disagree
-on the mode find out instead of hanging.
+on the mode find out instead of hanging. A plan that starts point-to-point
+requests itself (``comm.Isend``, ``comm.Irecv``: the same in both modes) yields
+``Call(WAITALL, (requests,))`` to wait for them (blocking ``Waitall``, or
+``Testall`` polled against the deadline).
 
 Example:
     >>> import numpy as np
@@ -40,6 +43,9 @@ YIELDING_TESTS = 32  # tests, yielding the CPU between them, before the first sl
 
 Plan = Generator["Call", None, Any]
 
+#: The name of a :class:`Call` that waits for requests the plan started: ``args[0]`` lists them.
+WAITALL = "Waitall"
+
 
 class Call(NamedTuple):
     """One buffer-mode MPI collective: ``getattr(comm, name)(*args)``.
@@ -54,7 +60,35 @@ class Call(NamedTuple):
     label: str = ""  # what the step does, for the timeout error
 
 
+class Requests:
+    """Point-to-point requests a plan started, waited for as one request (:data:`WAITALL`)."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self, requests: list[Any]) -> None:
+        self.requests = requests
+
+    def Test(self) -> bool:
+        """Whether every request is complete (testing progresses them all)."""
+        return all([r.Test() for r in self.requests])
+
+    def Wait(self) -> None:
+        """Block until every request is complete."""
+        for r in self.requests:
+            r.Wait()
+
+
+def _issue(comm: Any, call: Call) -> None:
+    """Run ``call`` blocking."""
+    if call.name == WAITALL:
+        Requests(call.args[0]).Wait()
+    else:
+        getattr(comm, call.name)(*call.args)
+
+
 def _start(comm: Any, call: Call) -> Any:
+    if call.name == WAITALL:
+        return Requests(call.args[0])
     name = "I" + call.name[0].lower() + call.name[1:]  # Allreduce -> Iallreduce, Bcast -> Ibcast
     return getattr(comm, name)(*call.args)
 
@@ -173,7 +207,7 @@ def drive(comm: Any, plan: Plan, timeout: float | None, what: str, watch: Any = 
     call, value = _next(plan, first=True)
     while call is not None:
         if deadline is None and not call.nonblocking:
-            getattr(comm, call.name)(*call.args)
+            _issue(comm, call)
         else:
             request = _start(comm, call)
             if deadline is None:
