@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Generator
@@ -40,6 +41,11 @@ from hpcdist.errors import CollectiveStallWarning, CollectiveTimeoutError
 FIRST_SLEEP_S = 50e-6
 LONGEST_SLEEP_S = 10e-3
 YIELDING_TESTS = 32  # tests, yielding the CPU between them, before the first sleep
+#: The longest sleep between tests of a plan's own transfers (:data:`WAITALL`): Open MPI's
+#: TCP transport moves data only while a request is tested, so the sleeps stay short; but
+#: a thread that sleeps leaves the core to the computation the transfer overlaps (the
+#: backward pass), where a blocking ``Wait`` would spin on it.
+TRANSFER_SLEEP_S = 200e-6
 
 Plan = Generator["Call", None, Any]
 
@@ -73,9 +79,8 @@ class Requests:
         return all([r.Test() for r in self.requests])
 
     def Wait(self) -> None:
-        """Block until every request is complete."""
-        for r in self.requests:
-            r.Wait()
+        """Block until every request is complete, testing them and sleeping in between."""
+        poll(self, math.inf, longest=TRANSFER_SLEEP_S)
 
 
 def _issue(comm: Any, call: Call) -> None:
@@ -93,11 +98,13 @@ def _start(comm: Any, call: Call) -> Any:
     return getattr(comm, name)(*call.args)
 
 
-def poll(request: Any, deadline: float, watch: Any = None) -> bool:
+def poll(
+    request: Any, deadline: float, watch: Any = None, longest: float = LONGEST_SLEEP_S
+) -> bool:
     """Test ``request`` until it completes (``True``) or ``deadline`` passes (``False``).
 
     Tests a few times first, yielding the CPU in between (:data:`YIELDING_TESTS`),
-    then sleeps between tests, 50 µs at first, doubling up to 10 ms; calls
+    then sleeps between tests, 50 µs at first, doubling up to ``longest``; calls
     ``watch.tick()`` (a :class:`hpcdist.collectives.arrivals.Watch`) after each sleep.
     """
     for _ in range(YIELDING_TESTS):  # the common case: the others are microseconds away
@@ -110,7 +117,7 @@ def poll(request: Any, deadline: float, watch: Any = None) -> bool:
         if left <= 0:
             return False
         time.sleep(min(delay, left))
-        delay = min(delay * 2, LONGEST_SLEEP_S)
+        delay = min(delay * 2, longest)
         if watch is not None:
             watch.tick()
     return True
@@ -178,12 +185,12 @@ class PendingCollective:
 
 
 def _poll_watched(
-    comm: Any, plan: Plan, request: Any, deadline: float, watch: Any, what: str
+    comm: Any, plan: Plan, request: Any, deadline: float, watch: Any, what: str, longest: float
 ) -> bool:
     """:func:`poll`; a stall warning turned into an error (``-W error``) leaves with the
     pending collective attached as its ``request``, like a timeout."""
     try:
-        return poll(request, deadline, watch)
+        return poll(request, deadline, watch, longest)
     except CollectiveStallWarning as warning:
         warning.request = PendingCollective(comm, plan, request, what)
         raise
@@ -212,7 +219,10 @@ def drive(comm: Any, plan: Plan, timeout: float | None, what: str, watch: Any = 
             request = _start(comm, call)
             if deadline is None:
                 request.Wait()
-            elif not _poll_watched(comm, plan, request, deadline, watch, what):
+            elif not _poll_watched(
+                comm, plan, request, deadline, watch, what,
+                TRANSFER_SLEEP_S if call.name == WAITALL else LONGEST_SLEEP_S,
+            ):
                 if watch is not None:
                     error = watch.timeout_error(f"in {call.label or call.name}")
                 else:

@@ -167,3 +167,32 @@ def test_waitall_call_times_out_with_a_pending_request() -> None:
         drive(comm, plan(), 0.05, "late")
     comm.Send(np.ones(2), 0, 9)  # small: buffered, it does not wait for the receive
     np.testing.assert_array_equal(info.value.request.Wait(), np.ones(2))
+
+
+class _SlowRequest:
+    """Completes at its ``ready``-th test; counts the tests."""
+
+    def __init__(self, ready: int) -> None:
+        self.ready, self.tests = ready, 0
+
+    def Test(self) -> bool:
+        self.tests += 1
+        return self.tests >= self.ready
+
+
+def test_waiting_for_transfers_tests_them_and_sleeps_between(monkeypatch) -> None:
+    """A blocking WAITALL keeps testing (Open MPI's TCP moves data only then) but sleeps,
+    at most TRANSFER_SLEEP_S at a time, instead of spinning on the core."""
+    from hpcdist.collectives import mpi_backend
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(mpi_backend.time, "sleep", sleeps.append)
+    requests = [_SlowRequest(3), _SlowRequest(60)]
+
+    def plan():
+        yield Call(WAITALL, (requests,))
+        return "done"
+
+    assert drive(object(), plan(), None, "transfers") == "done"
+    assert requests[1].tests == 60 and requests[0].tests >= 3  # every request tested each time
+    assert sleeps and max(sleeps) <= mpi_backend.TRANSFER_SLEEP_S
