@@ -137,6 +137,9 @@ def worker(args: argparse.Namespace) -> int:
         if hook is not None:
             ddp.register_comm_hook(None, hook)
         steps[label] = runner(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
+    torch.manual_seed(0)
+    alone = _mlp()  # the same step without any communication: the compute in a step
+    steps["local"] = runner(alone, torch.optim.SGD(alone.parameters(), lr=0.01))
     barrier = w.comm.Barrier
     model_times = _median_rounds(steps, args.rounds, args.steps, barrier)
     engine = Collectives()
@@ -153,6 +156,7 @@ def worker(args: argparse.Namespace) -> int:
         out = {
             "parameters": params, "batch_per_rank": args.batch, "ranks": w.size,
             "algorithm": engine.last_algorithm, "torch": torch.__version__,
+            "btl_tcp_links": os.environ.get("OMPI_MCA_btl_tcp_links"),  # hpcdist's default: 2
             "mlp": model_times, "resnet50": resnet,
             "resnet50_parameters": int(sum(a.size for a in grads)),
         }  # fmt: skip
@@ -171,8 +175,11 @@ def evaluate(raw: dict) -> dict:
         "vs_ddp_bf16_hook": sps["hpcdist_bf16"] / sps["ddp_gloo_bf16_hook"],
         "resnet50_compressed": res["uncompressed"] / res["bf16"],
     }
+    link = raw.get("link_Bps") or 125e6
     return {
         "steps_per_s": sps,
+        # a 2-rank allreduce sends its whole buffer each way: the wire's share of a step
+        "wire_s": {"float32": raw["parameters"] * 4 / link, "bf16": raw["parameters"] * 2 / link},
         "ratios": ratios,
         "targets": {k: {"target": TARGETS[k], "measured": v, "met": v >= TARGETS[k]}
                     for k, v in ratios.items()},  # fmt: skip
@@ -242,6 +249,8 @@ def main() -> int:
         hosts_sh("shape", "off")
         if not were_up:
             hosts_sh("down")
+    raw["link_Bps"] = float(args.rate.removesuffix("gbit")) * 125e6 if args.rate.endswith(
+        "gbit") else None  # fmt: skip
     summary = evaluate(raw)
     report = {
         "benchmark": NAME,
