@@ -220,3 +220,26 @@ def test_fit_under_mixed_bfloat16_trains_with_float32_gradients() -> None:
     assert all(w.dtype == np.float32 for w in model.get_weights())
     assert model.predict(ids[:3], verbose=0).dtype == BFLOAT16  # the output layer's dtype
     assert np.isfinite(model.evaluate(ids, y, verbose=0))
+    mp.set_global_policy(None)  # the same training in float32: the same descent
+    hd.utils.set_random_seed(1)
+    reference = mixed_token_model()
+    reference.compile(optimizer=hd.optimizers.Adam(0.01), loss="mse")
+    ref = reference.fit(ids, y, epochs=8, batch_size=64, verbose=0, shuffle=False)
+    assert losses[-1] < 1.5 * ref.history["loss"][-1] + 0.01
+
+
+def test_fit_under_mixed_float16_with_loss_scaling_and_batch_normalization() -> None:
+    mp.set_global_policy("mixed_float16")
+    hd.utils.set_random_seed(1)
+    model = Sequential([
+        Input((6,)), Embedding(40, 8), Flatten(), BatchNormalization(),
+        Dense(16, activation="gelu"), Dense(1),
+    ])  # fmt: skip
+    opt = mp.LossScaleOptimizer(hd.optimizers.Adam(0.01), dynamic_growth_steps=4)
+    model.compile(optimizer=opt, loss="mse")
+    ids, y = _tokens()
+    history = model.fit(ids, y, epochs=8, batch_size=64, verbose=0, shuffle=False)
+    losses = history.history["loss"]
+    assert losses[-1] < losses[0] / 4, losses
+    assert opt.skipped_steps > 0  # 2**15 overflowed float16 gradients: skipped, then trained
+    assert model.layers[2].moving_variance.dtype == np.float32
