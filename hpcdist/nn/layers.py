@@ -158,6 +158,16 @@ class Layer:
 
     # -- description --------------------------------------------------------------------
     @property
+    def dtype_policy(self) -> mixed_precision.Policy:
+        """The layer's policy (Keras's ``layer.dtype_policy``), e.g. ``<Policy "mixed_bfloat16">``.
+
+        Example: ``Dense(2, dtype="mixed_float16").dtype_policy.compute_dtype == "float16"``.
+        """
+        if self.compute_dtype == self.dtype:
+            return mixed_precision.Policy(self.dtype)
+        return mixed_precision.Policy(f"mixed_{self.compute_dtype}")
+
+    @property
     def name(self) -> str:
         """The layer's name (set by the model it is added to, when not given)."""
         return self._name or self._base_name
@@ -327,7 +337,8 @@ class Layer:
     def get_config(self) -> dict[str, Any]:
         """The constructor arguments (``type(layer)(**layer.get_config())`` makes a twin)."""
         config: dict[str, Any] = {"name": self.name, "trainable": self.trainable}
-        config["dtype"] = self.dtype
+        # a mixed layer saves its policy's name, so a loaded model computes as it did
+        config["dtype"] = self.dtype_policy.name
         if self._batch_input_shape is not None:
             config["input_shape"] = self._batch_input_shape[1:]
         return config

@@ -4,12 +4,13 @@ A *policy* names the dtype layers compute in and the dtype of their
 variables: ``"float32"`` (both float32), ``"mixed_bfloat16"`` and
 ``"mixed_float16"`` (compute in bfloat16 / float16, variables float32: the
 *master weights* the optimizer updates), or any float dtype name. Layers
-made while a policy is global (and given no ``dtype``) follow it, as in
-Keras: every layer casts its floating inputs to its compute dtype, reads a
-16-bit copy of its float32 variables, and returns the compute dtype. Where
-16-bit arithmetic is unsafe a layer computes inside in float32 and rounds its
-output once: the statistics of ``BatchNormalization`` and
-``LayerNormalization``, the ``softmax`` and ``gelu`` activations. Matmuls of
+made while a policy is global (and given no ``dtype``), or given a policy
+(``dtype="mixed_float16"``), follow it, as in Keras: every layer casts its
+floating inputs to its compute dtype, reads a 16-bit copy of its float32
+variables, and returns the compute dtype. Where 16-bit arithmetic is unsafe a
+layer computes inside in float32 and rounds its output once: the statistics of
+``BatchNormalization`` and ``LayerNormalization``, the ``softmax`` and
+``gelu`` activations. Matmuls of
 bfloat16 accumulate in float32 (NumPy's). The gradients of the variables are
 float32 (the master weights'). ``fit`` computes the loss in float32 and hands
 every gradient to the optimizer as float32. NumPy has bfloat16 (``ml_dtypes``);
@@ -111,9 +112,13 @@ def set_global_policy(policy: Policy | str | None) -> None:
 def layer_dtypes(dtype: Any) -> tuple[str | None, str | None]:
     """``(variable dtype, compute dtype)`` for a layer given ``dtype`` (``None``: the policy's).
 
-    ``(None, None)`` means: the layer's own dtype for both. Example:
-    ``layer_dtypes(None)`` is ``("float32", "bfloat16")`` under ``"mixed_bfloat16"``.
+    ``dtype`` may be a :class:`Policy` or a mixed policy's name (as in Keras,
+    ``Dense(4, dtype="mixed_float16")``). ``(None, None)`` means: the layer's
+    own dtype for both. Example: ``layer_dtypes(None)`` is
+    ``("float32", "bfloat16")`` under ``"mixed_bfloat16"``.
     """
+    if isinstance(dtype, str) and dtype in _MIXED:
+        dtype = Policy(dtype)
     if isinstance(dtype, Policy):
         return dtype.variable_dtype, dtype.compute_dtype
     if dtype is None and _global[0] is not None:

@@ -243,3 +243,19 @@ def test_fit_under_mixed_float16_with_loss_scaling_and_batch_normalization() -> 
     assert losses[-1] < losses[0] / 4, losses
     assert opt.skipped_steps > 0  # 2**15 overflowed float16 gradients: skipped, then trained
     assert model.layers[2].moving_variance.dtype == np.float32
+
+
+def test_a_saved_mixed_model_loads_with_its_policy(tmp_path) -> None:
+    assert Dense(2, dtype="mixed_float16").dtype_policy == mp.Policy("mixed_float16")  # Keras
+    assert Dense(2).dtype_policy == mp.Policy("float32")
+    mp.set_global_policy("mixed_bfloat16")
+    model = mixed_token_model()
+    model.compile(optimizer=hd.optimizers.Adam(0.01), loss="mse")
+    assert model.layers[1].get_config()["dtype"] == "mixed_bfloat16"
+    mp.set_global_policy(None)  # loading does not need the global policy
+    model.save(tmp_path / "m.keras")
+    loaded = hd.nn.load_model(tmp_path / "m.keras")
+    assert [layer.compute_dtype for layer in loaded.layers] == ["bfloat16"] * 6
+    assert all(w.dtype == np.float32 for w in loaded.get_weights())
+    ids, _ = _tokens(8)
+    np.testing.assert_array_equal(loaded.predict(ids, verbose=0), model.predict(ids, verbose=0))
