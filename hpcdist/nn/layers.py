@@ -532,7 +532,7 @@ class Dense(Layer):
     ) -> tuple[Any, list[Any]]:
         x, w, act_cache = cache
         compute = x.dtype
-        dy = dy.astype(compute, copy=False)
+        dy = self._autocast(dy, array_module(w))
         dz = self.activation.backward(act_cache, dy).astype(compute, copy=False)
         grads = []
         if self._trainable:
