@@ -3,8 +3,8 @@
 MPI has no bfloat16 (nor, portably, float16) reduction, and a float32
 ``MPI_Allreduce`` sends 4 bytes per element. :func:`reduce_plan` reduces a
 1-D buffer across a communicator as a reduce-scatter and an all-gather over
-point-to-point messages (``Sendrecv``, buffer mode; ``Isendrecv`` when the
-call has a deadline):
+point-to-point messages (``Isend``/``Irecv``, buffer mode, waited for as a
+:data:`~hpcdist.collectives.mpi_backend.WAITALL` step):
 
 1. the buffer is cut into one chunk per rank; every rank sends chunk ``j``
    to rank ``j`` as ``send_dtype`` (float32 values are rounded to it first:
@@ -14,6 +14,11 @@ call has a deadline):
    and rounds the result once to ``round_dtype``;
 3. every owner sends its rounded chunk to every rank, which writes it into
    the result (widened, exactly, when the result is float32).
+
+The three steps are pipelined over segments of each chunk (:data:`SEGMENT`
+elements): while segment ``s + 1`` of the reduce-scatter is on the wire,
+segment ``s`` is folded and its all-gather starts, and segment ``s - 1`` is
+widened. The fold is element-wise, so the segments change no bit.
 
 Every rank therefore holds bitwise the same result, and runs repeat it: the
 fold order is the rank order whatever the MPI library. With a 16-bit
