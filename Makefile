@@ -171,6 +171,7 @@ bench: install
 	timeout -k 20 900 $(MPIRUN) -n 2 $(PY) benchmarks/checked_collectives.py
 	timeout -k 20 3600 $(PY) benchmarks/multihost.py
 	flock /tmp/hpcdist-rig.lock timeout -k 20 900 $(PY) benchmarks/compression_multihost.py
+	flock /tmp/hpcdist-rig.lock timeout -k 20 600 $(PY) benchmarks/rig_tcp.py
 
 # On a machine with an NVIDIA GPU (each script exits 2, saying why, without one).
 gpu-bench: install

@@ -44,6 +44,21 @@ def is_cupy(x: Any) -> bool:
     return type(x).__module__.split(".", 1)[0] == "cupy"
 
 
+def is_c_contiguous_device(x: Any) -> bool:
+    """Whether an array with ``__cuda_array_interface__`` is C-contiguous (its ``strides``
+    absent, or those of a C-ordered array; extents of 1 may have any stride)."""
+    cai = x.__cuda_array_interface__
+    strides = cai.get("strides")
+    if strides is None:
+        return True
+    expected = np.dtype(cai["typestr"]).itemsize
+    for extent, stride in zip(reversed(cai["shape"]), reversed(strides), strict=True):
+        if extent > 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
+
+
 def is_array(x: Any) -> bool:
     """Whether ``x`` is a NumPy array, NumPy scalar or CuPy array.
 

@@ -164,7 +164,6 @@ class Collectives:
     # -- the operations --------------------------------------------------------------------
 
     @recorded
-    @recorded
     def allreduce(
         self,
         tensors: Sequence[Any],
@@ -208,7 +207,11 @@ class Collectives:
             return self._device_allreduce(tensors, op, opts, out)
         else:
             items, places = _host_arrays(tensors, "allreduce")
-        key = (op, opts, *[(a.shape, a.dtype) for a in items])
+        if len(items) == 1:  # (the same key as the general form, without its list)
+            a = items[0]
+            key: tuple[Any, ...] = (op, opts, (a.shape, a.dtype))
+        else:
+            key = (op, opts, *[(a.shape, a.dtype) for a in items])
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._session.fused_layout(key, items, op, opts)
@@ -224,7 +227,6 @@ class Collectives:
             return results
         return deliver(results, places, out)
 
-    @recorded
     @recorded
     def reduce_scatter(
         self, tensor: Any, op: ReduceOp | str, options: CommunicationOptions | None = None
@@ -272,7 +274,6 @@ class Collectives:
         return place(buf.reshape((rows, *x.shape[1:])), places[0])
 
     @recorded
-    @recorded
     def allgather(
         self, tensor: Any, axis: int = 0, options: CommunicationOptions | None = None
     ) -> Any:
@@ -313,7 +314,6 @@ class Collectives:
             out = np.ascontiguousarray(np.moveaxis(out, 0, axis))
         return place(out, where)
 
-    @recorded
     @recorded
     def allgather_list(
         self, tensors: Sequence[np.ndarray], axis: int = 0,
@@ -399,7 +399,6 @@ class Collectives:
             )
         return [place(r, p) for r, p in zip(results, places, strict=True)]
 
-    @recorded
     @recorded
     def alltoall(self, tensor: np.ndarray, splits: Sequence[int] | None = None) -> Any:
         """Rank ``r`` sends rows ``splits[j]`` of ``tensor`` to rank ``j``: returns ``(rows

@@ -62,6 +62,7 @@ class Group(NamedTuple):
     total: int
     buckets: tuple[Bucket, ...]
     whole: Bucket  # the copy table of the whole group as one bucket
+    ratio: int = 1  # wire elements per tensor element, 0 when the wire dtype is the dtype
 
 
 class Layout(NamedTuple):
@@ -181,6 +182,7 @@ def build_layout(
                     members, total, wire.itemsize, bucket_bytes, 4 if _is_half(wire) else 0
                 ),
                 whole=whole[0] if whole else Bucket(0, 0, *_table([])),
+                ratio=0 if wire == dtype else dtype.itemsize // wire.itemsize,
             )
         )
     return Layout(
@@ -216,12 +218,18 @@ def data_address(a: np.ndarray) -> int:
 
 def unfuse(group: Group, fused: np.ndarray, shapes: Sequence[tuple[int, ...]], out: list) -> None:
     """Put views of the reduced group buffer ``fused`` (wire dtype) into ``out`` by tensor index."""
-    view = fused.view(group.dtype) if group.wire != group.dtype else fused
-    ratio = group.dtype.itemsize // group.wire.itemsize if group.wire != group.dtype else 1
-    for index, first, count in group.members:
+    ratio = group.ratio
+    if ratio == 0:  # (decided when the layout was built: no dtype comparison per call)
+        view, ratio = fused, 1
+    else:
+        view = fused.view(group.dtype)
+    members = group.members
+    if len(members) == 1 and members[0][2] == view.shape[0] * ratio:  # the whole buffer
+        out[members[0][0]] = view.reshape(shapes[members[0][0]])
+        return
+    for index, first, count in members:
         lo = first // ratio
-        piece = view[lo : lo + count // ratio].reshape(shapes[index])
-        out[index] = piece
+        out[index] = view[lo : lo + count // ratio].reshape(shapes[index])
 
 
 class BufferPool:

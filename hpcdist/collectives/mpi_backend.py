@@ -13,7 +13,10 @@ and returns the result. :func:`drive` issues each call on the communicator,
 MPI does not match a nonblocking collective with a blocking one, so every
 rank must run a plan in the same mode; calls marked ``nonblocking`` (the
 metadata check) are nonblocking in both modes, which lets ranks that disagree
-on the mode find out instead of hanging.
+on the mode find out instead of hanging. A plan that starts point-to-point
+requests itself (``comm.Isend``, ``comm.Irecv``: the same in both modes) yields
+``Call(WAITALL, (requests,))`` to wait for them (blocking ``Waitall``, or
+``Testall`` polled against the deadline).
 
 Example:
     >>> import numpy as np
@@ -27,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Generator
@@ -37,8 +41,16 @@ from hpcdist.errors import CollectiveStallWarning, CollectiveTimeoutError
 FIRST_SLEEP_S = 50e-6
 LONGEST_SLEEP_S = 10e-3
 YIELDING_TESTS = 32  # tests, yielding the CPU between them, before the first sleep
+#: The longest sleep between tests of a plan's own transfers (:data:`WAITALL`): Open MPI's
+#: TCP transport moves data only while a request is tested, so the sleeps stay short; but
+#: a thread that sleeps leaves the core to the computation the transfer overlaps (the
+#: backward pass), where a blocking ``Wait`` would spin on it.
+TRANSFER_SLEEP_S = 200e-6
 
 Plan = Generator["Call", None, Any]
+
+#: The name of a :class:`Call` that waits for requests the plan started: ``args[0]`` lists them.
+WAITALL = "Waitall"
 
 
 class Call(NamedTuple):
@@ -54,16 +66,45 @@ class Call(NamedTuple):
     label: str = ""  # what the step does, for the timeout error
 
 
+class Requests:
+    """Point-to-point requests a plan started, waited for as one request (:data:`WAITALL`)."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self, requests: list[Any]) -> None:
+        self.requests = requests
+
+    def Test(self) -> bool:
+        """Whether every request is complete (testing progresses them all)."""
+        return all([r.Test() for r in self.requests])
+
+    def Wait(self) -> None:
+        """Block until every request is complete, testing them and sleeping in between."""
+        poll(self, math.inf, longest=TRANSFER_SLEEP_S)
+
+
+def _issue(comm: Any, call: Call) -> None:
+    """Run ``call`` blocking."""
+    if call.name == WAITALL:
+        Requests(call.args[0]).Wait()
+    else:
+        getattr(comm, call.name)(*call.args)
+
+
 def _start(comm: Any, call: Call) -> Any:
+    if call.name == WAITALL:
+        return Requests(call.args[0])
     name = "I" + call.name[0].lower() + call.name[1:]  # Allreduce -> Iallreduce, Bcast -> Ibcast
     return getattr(comm, name)(*call.args)
 
 
-def poll(request: Any, deadline: float, watch: Any = None) -> bool:
+def poll(
+    request: Any, deadline: float, watch: Any = None, longest: float = LONGEST_SLEEP_S
+) -> bool:
     """Test ``request`` until it completes (``True``) or ``deadline`` passes (``False``).
 
     Tests a few times first, yielding the CPU in between (:data:`YIELDING_TESTS`),
-    then sleeps between tests, 50 µs at first, doubling up to 10 ms; calls
+    then sleeps between tests, 50 µs at first, doubling up to ``longest``; calls
     ``watch.tick()`` (a :class:`hpcdist.collectives.arrivals.Watch`) after each sleep.
     """
     for _ in range(YIELDING_TESTS):  # the common case: the others are microseconds away
@@ -76,7 +117,7 @@ def poll(request: Any, deadline: float, watch: Any = None) -> bool:
         if left <= 0:
             return False
         time.sleep(min(delay, left))
-        delay = min(delay * 2, LONGEST_SLEEP_S)
+        delay = min(delay * 2, longest)
         if watch is not None:
             watch.tick()
     return True
@@ -144,12 +185,12 @@ class PendingCollective:
 
 
 def _poll_watched(
-    comm: Any, plan: Plan, request: Any, deadline: float, watch: Any, what: str
+    comm: Any, plan: Plan, request: Any, deadline: float, watch: Any, what: str, longest: float
 ) -> bool:
     """:func:`poll`; a stall warning turned into an error (``-W error``) leaves with the
     pending collective attached as its ``request``, like a timeout."""
     try:
-        return poll(request, deadline, watch)
+        return poll(request, deadline, watch, longest)
     except CollectiveStallWarning as warning:
         warning.request = PendingCollective(comm, plan, request, what)
         raise
@@ -173,12 +214,15 @@ def drive(comm: Any, plan: Plan, timeout: float | None, what: str, watch: Any = 
     call, value = _next(plan, first=True)
     while call is not None:
         if deadline is None and not call.nonblocking:
-            getattr(comm, call.name)(*call.args)
+            _issue(comm, call)
         else:
             request = _start(comm, call)
             if deadline is None:
                 request.Wait()
-            elif not _poll_watched(comm, plan, request, deadline, watch, what):
+            elif not _poll_watched(
+                comm, plan, request, deadline, watch, what,
+                TRANSFER_SLEEP_S if call.name == WAITALL else LONGEST_SLEEP_S,
+            ):
                 if watch is not None:
                     error = watch.timeout_error(f"in {call.label or call.name}")
                 else:

@@ -185,7 +185,7 @@ class CommunicationOptions:
 
     __slots__ = (
         "_bytes_per_pack", "_timeout_seconds", "_implementation", "_mpi_message_bytes",
-        "_compression", "_compression_filter", "_hash",
+        "_compression", "_compression_filter", "_hash", "_splits",
     )
 
     def __init__(
@@ -204,6 +204,8 @@ class CommunicationOptions:
         self._timeout_seconds = _check_timeout(timeout_seconds)
         self._implementation = CommunicationImplementation.from_any(implementation)
         self._hash = hash(self._key())
+        f = self._compression_filter
+        self._splits = self.compression is not None and f is not None and f is not COMPRESS_ALL
 
     @property
     def bytes_per_pack(self) -> int:
@@ -235,8 +237,7 @@ class CommunicationOptions:
 
         Example: ``CommunicationOptions(compression="bf16").splits_by_filter()`` is ``False``.
         """
-        f = self._compression_filter
-        return self.compression is not None and f is not None and f is not COMPRESS_ALL
+        return self._splits  # (decided once: options are immutable)
 
     @property
     def compression_filter(self) -> Callable[[Any], bool] | None:

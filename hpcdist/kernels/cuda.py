@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 from numba import config, cuda
 
+from hpcdist.arrays import is_c_contiguous_device
 from hpcdist.kernels.cpu import MAX, MEAN, MIN, SUM
 
 __all__ = [
@@ -253,15 +254,7 @@ def _address(x: Any) -> int:
 def is_c_contiguous(x: Any) -> bool:
     if simulator_enabled():
         return bool(x._ary.flags.c_contiguous)
-    strides = x.__cuda_array_interface__.get("strides")
-    if strides is None:
-        return True
-    expected = np.dtype(x.dtype).itemsize
-    for extent, stride in zip(reversed(x.shape), reversed(strides), strict=True):
-        if extent > 1 and stride != expected:
-            return False
-        expected *= extent
-    return True
+    return is_c_contiguous_device(x)
 
 
 def launch_config(n: int) -> tuple[int, int]:

@@ -2,7 +2,10 @@
 
 Each activation is an :class:`ActivationFunction`: ``forward(x)`` returns
 ``(y, cache)`` and ``backward(cache, dy)`` returns ``dx``; calling it returns
-``y`` only. They work on NumPy and CuPy arrays and keep the input dtype.
+``y`` only. They work on NumPy and CuPy arrays and keep the input dtype. On
+16-bit floats (float16, bfloat16: a mixed-precision layer's compute dtype)
+``softmax`` and ``gelu`` compute in float32 and round the result once; the
+other activations compute in the 16-bit type.
 
 Example:
     >>> import numpy as np
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from hpcdist.arrays import array_module, asarray
+from hpcdist.nn.mixed_precision import is_half
 
 #: ``forward(x) -> (y, cache)``: an activation's forward pass and what its backward needs.
 ForwardFn = Callable[[Any], tuple[Any, Any]]
@@ -42,19 +46,37 @@ class ActivationFunction:
         (array([9.]), array([6.]))
     """
 
-    def __init__(self, name: str, forward: ForwardFn, backward: BackwardFn) -> None:
+    def __init__(
+        self, name: str, forward: ForwardFn, backward: BackwardFn, float32_inside: bool = False
+    ) -> None:
         self.name = name
         self.__name__ = name
         self._forward = forward
         self._backward = backward
+        #: Compute 16-bit inputs in float32 (where 16-bit math is unsafe), returning 16 bits.
+        self.float32_inside = bool(float32_inside)
 
     def forward(self, x: Any) -> tuple[Any, Any]:
-        """``(y, cache)``: the activation of ``x`` and what :meth:`backward` needs."""
-        return self._forward(asarray(x))
+        """``(y, cache)``: the activation of ``x`` and what :meth:`backward` needs.
+
+        A 16-bit float ``x`` gives ``y`` of its dtype.
+        """
+        x = asarray(x)
+        if not is_half(x.dtype):
+            return self._forward(x)
+        y, cache = self._forward(x.astype(np.float32) if self.float32_inside else x)
+        return y.astype(x.dtype, copy=False), cache
 
     def backward(self, cache: Any, dy: Any) -> Any:
-        """``dx``: the gradient with respect to the input, given the output gradient ``dy``."""
-        return self._backward(cache, asarray(dy))
+        """``dx``: the gradient with respect to the input, given the output gradient ``dy``.
+
+        A 16-bit float ``dy`` gives ``dx`` of its dtype.
+        """
+        dy = asarray(dy)
+        if not is_half(dy.dtype):
+            return self._backward(cache, dy)
+        dx = self._backward(cache, dy.astype(np.float32) if self.float32_inside else dy)
+        return dx.astype(dy.dtype, copy=False)
 
     def __call__(self, x: Any) -> Any:
         return self.forward(x)[0]
@@ -255,9 +277,11 @@ sigmoid = ActivationFunction("sigmoid", _sigmoid_forward, _sigmoid_backward)
 #: The hyperbolic tangent.
 tanh = ActivationFunction("tanh", _tanh_forward, _tanh_backward)
 #: Softmax over the last axis (each row sums to 1).
-softmax = ActivationFunction("softmax", _softmax_forward, _softmax_backward)
+softmax = ActivationFunction(
+    "softmax", _softmax_forward, _softmax_backward, float32_inside=True
+)
 #: Gaussian error linear unit, exact form ``x * (1 + erf(x / sqrt(2))) / 2``.
-gelu = ActivationFunction("gelu", _gelu_forward, _gelu_backward)
+gelu = ActivationFunction("gelu", _gelu_forward, _gelu_backward, float32_inside=True)
 #: ``log(1 + exp(x))``.
 softplus = ActivationFunction("softplus", _softplus_forward, _softplus_backward)
 #: ``x * sigmoid(x)`` (also called SiLU).

@@ -27,6 +27,7 @@ from typing import Any
 
 from hpcdist.arrays import array_module
 from hpcdist.distribute import context
+from hpcdist.nn import mixed_precision
 from hpcdist.nn.tape import Traced
 
 
@@ -51,7 +52,7 @@ def value_and_grad(
 
     def step(x: Any, y: Any, sample_weight: Any = None, training: bool = True) -> tuple:
         y_pred, caches = model.forward(x, training=training)
-        leaf = Traced.leaf(y_pred)
+        leaf = Traced.leaf(mixed_precision.to_float32(y_pred))  # a mixed model's loss: float32
         if sample_weight is None:
             loss = loss_fn(y, leaf)
         else:

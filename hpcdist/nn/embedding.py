@@ -4,7 +4,10 @@ The forward pass gathers rows; the backward pass scatter-adds the output
 gradient into a dense gradient of the table (rows used twice get both
 contributions). Under a mirrored strategy the table is mirrored like any
 weight and the optimizer sums the dense gradients of all replicas in its one
-allreduce. (For tables too large to mirror, shard them over parameter servers:
+allreduce. Under a mixed-precision policy the rows come out in the 16-bit
+compute dtype (the same values as gathering from a 16-bit copy of the table,
+without copying the table) and the gradient is scattered in float32 into the
+float32 table's gradient. (For tables too large to mirror, shard them over parameter servers:
 :func:`hpcdist.nn.embedding_lookup` of a ``ShardedVariable``.)
 
 Example:
@@ -26,6 +29,7 @@ from numpy.typing import DTypeLike
 
 from hpcdist.arrays import array_module, asarray, is_cupy, to_host
 from hpcdist.nn import initializers as initializers_mod
+from hpcdist.nn import mixed_precision
 from hpcdist.nn import regularizers as regularizers_mod
 from hpcdist.nn.layers import Layer, check_shape
 
@@ -108,17 +112,20 @@ class Embedding(Layer):
         table = self.embeddings.raw_value()
         xp = array_module(table)
         ids = self._ids(x, xp)
-        return xp.take(table, ids, axis=0), (ids, table.shape, table.dtype)
+        compute = mixed_precision.compute_array_dtype(self.compute_dtype, xp)
+        rows = xp.take(table, ids, axis=0).astype(compute, copy=False)  # rounding commutes
+        return rows, (ids, table.shape, table.dtype, compute)
 
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
-        ids, shape, dtype = cache
+        ids, shape, dtype, compute = cache
         xp = array_module(ids)
-        dy = xp.asarray(dy).astype(dtype, copy=False)
+        dy = xp.asarray(dy).astype(compute, copy=False)  # the gradient of a compute-dtype output
         check_shape(f"Embedding layer {self.name!r}", (*ids.shape, self.output_dim), dy.shape)
         grads = []
         if self._trainable:
-            g = xp.zeros(shape, dtype)
-            rows, flat_dy = ids.reshape(-1), dy.reshape(-1, self.output_dim)
+            g = xp.zeros(shape, dtype)  # the variable's dtype: float32 master weights
+            rows = ids.reshape(-1)
+            flat_dy = dy.reshape(-1, self.output_dim).astype(dtype, copy=False)
             if xp is np:
                 np.add.at(g, rows, flat_dy)
             else:
@@ -127,7 +134,7 @@ class Embedding(Layer):
                 cupyx.scatter_add(g, rows, flat_dy)
             grads.append(g)
         # ids are not differentiable: the gradient of the input is zero
-        return xp.zeros(ids.shape, dtype), grads
+        return xp.zeros(ids.shape, compute), grads
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -7,8 +7,9 @@ returns ``(dx, grads)``, ``grads`` aligned with ``layer.trainable_weights``.
 Both are pure: nothing is stored on the layer, so the replicas of a
 ``MirroredStrategy`` can run one layer at the same time on their threads.
 Weights are read with ``var.raw_value()``, which inside ``strategy.run`` is the
-current replica's copy. Inputs are cast to the layer's dtype
-(:func:`hpcdist.nn.backend.floatx` unless given).
+current replica's copy. Inputs are cast to the layer's compute dtype: its dtype
+(:func:`hpcdist.nn.backend.floatx` unless given), or under a mixed-precision
+policy the 16-bit type (:mod:`hpcdist.nn.mixed_precision`).
 
 Example:
     >>> import numpy as np
@@ -66,11 +67,12 @@ def resolve_dtype(dtype: DTypeLike | None) -> str:
     return name
 
 
-def cast_input(x: Any, dtype: str, xp: Any = None) -> Any:
+def cast_input(x: Any, dtype: str | None, xp: Any = None) -> Any:
     """``x`` as an array of ``dtype`` in the array module ``xp`` (``x``'s own by default).
 
-    No copy when ``x`` already is one. A CuPy ``x`` for NumPy weights comes to
-    the host; a NumPy ``x`` for CuPy weights goes to the current GPU.
+    No copy when ``x`` already is one; ``dtype=None`` keeps ``x``'s dtype. A CuPy
+    ``x`` for NumPy weights comes to the host; a NumPy ``x`` for CuPy weights goes
+    to the current GPU.
 
     Example: ``cast_input([1, 2], "float32")`` is ``array([1., 2.], dtype=float32)``.
     """
@@ -82,7 +84,7 @@ def cast_input(x: Any, dtype: str, xp: Any = None) -> Any:
         x = to_host(x)
     elif xp is not np and not is_cupy(x):
         x = xp.asarray(x)
-    return x.astype(dtype, copy=False)
+    return x if dtype is None else x.astype(dtype, copy=False)
 
 
 def check_build_context(what: str, how: str) -> None:
@@ -155,6 +157,16 @@ class Layer:
             self._batch_input_shape = (None, *_shape_tuple(input_shape, "input_shape"))
 
     # -- description --------------------------------------------------------------------
+    @property
+    def dtype_policy(self) -> mixed_precision.Policy:
+        """The layer's policy (Keras's ``layer.dtype_policy``), e.g. ``<Policy "mixed_bfloat16">``.
+
+        Example: ``Dense(2, dtype="mixed_float16").dtype_policy.compute_dtype == "float16"``.
+        """
+        if self.compute_dtype == self.dtype:
+            return mixed_precision.Policy(self.dtype)
+        return mixed_precision.Policy(f"mixed_{self.compute_dtype}")
+
     @property
     def name(self) -> str:
         """The layer's name (set by the model it is added to, when not given)."""
@@ -265,6 +277,17 @@ class Layer:
         """
         return tuple(input_shape)
 
+    def _autocast(self, x: Any, xp: Any = None) -> Any:
+        """``x`` as an array of the compute dtype in ``xp`` (Keras's autocast of inputs).
+
+        Under a mixed policy this is the 16-bit type (a ``"mixed_bfloat16"``
+        layer on CuPy arrays raises :class:`~hpcdist.errors.ArrayInteropError`).
+        """
+        if self.compute_dtype == self.dtype:
+            return cast_input(x, self.dtype, xp)
+        x = cast_input(x, None, xp)
+        return x.astype(mixed_precision.compute_array_dtype(self.compute_dtype, array_module(x)))
+
     def _require_built(self) -> None:
         if not self.built:
             raise RuntimeError(
@@ -314,7 +337,8 @@ class Layer:
     def get_config(self) -> dict[str, Any]:
         """The constructor arguments (``type(layer)(**layer.get_config())`` makes a twin)."""
         config: dict[str, Any] = {"name": self.name, "trainable": self.trainable}
-        config["dtype"] = self.dtype
+        # a mixed layer saves its policy's name, so a loaded model computes as it did
+        config["dtype"] = self.dtype_policy.name
         if self._batch_input_shape is not None:
             config["input_shape"] = self._batch_input_shape[1:]
         return config
@@ -360,6 +384,7 @@ class InputLayer(Layer):
         self.built = True
 
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
+        # the variable dtype, not a 16-bit compute dtype (as keras.Input): integer ids stay exact
         return cast_input(x, self.dtype), None
 
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
@@ -449,15 +474,14 @@ class Dense(Layer):
 
     def _forward_mixed(self, x: Any, w: Any) -> tuple[Any, Any]:
         """The forward pass in :attr:`compute_dtype` (matmuls accumulate in float32)."""
-        compute = mixed_precision.compute_array_dtype(self.compute_dtype)
-        xp = array_module(w)
-        x = cast_input(x, self.dtype, xp)
+        x = self._autocast(x, array_module(w))
         if x.ndim == 0 or x.shape[-1] != w.shape[0]:
             raise ValueError(
                 f"Dense layer {self.name!r} expects inputs whose last dimension is {w.shape[0]}; "
                 f"found input shape {tuple(x.shape)}"
             )
-        x, w = x.astype(compute), w.astype(compute)
+        compute = x.dtype
+        w = w.astype(compute)
         z = (x @ w).astype(compute, copy=False)
         if self.bias is not None:
             z = z + self.bias.raw_value().astype(compute)
@@ -508,7 +532,7 @@ class Dense(Layer):
     ) -> tuple[Any, list[Any]]:
         x, w, act_cache = cache
         compute = x.dtype
-        dy = dy.astype(compute, copy=False)
+        dy = self._autocast(dy, array_module(w))
         dz = self.activation.backward(act_cache, dy).astype(compute, copy=False)
         grads = []
         if self._trainable:
@@ -556,13 +580,13 @@ class Activation(Layer):
         self.built = True
 
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
-        x = cast_input(x, self.dtype)
+        x = self._autocast(x)
         y, cache = self.activation.forward(x)
         return y, (cache, x.shape)
 
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
         act_cache, shape = cache
-        dy = cast_input(dy, self.dtype)
+        dy = self._autocast(dy)
         check_shape(f"Activation layer {self.name!r}", shape, dy.shape)
         return self.activation.backward(act_cache, dy), []
 
@@ -623,7 +647,7 @@ class Dropout(Layer):
         return gen
 
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
-        x = cast_input(x, self.dtype)
+        x = self._autocast(x)
         if not training or self.rate == 0.0:
             return x, None
         xp = array_module(x)
@@ -637,7 +661,7 @@ class Dropout(Layer):
         return x * scale, scale
 
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
-        dy = cast_input(dy, self.dtype)
+        dy = self._autocast(dy)
         if cache is None:
             return dy, []
         check_shape(f"Dropout layer {self.name!r}", cache.shape, dy.shape)
@@ -687,13 +711,13 @@ class Flatten(Layer):
         return (input_shape[0], size)
 
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
-        x = cast_input(x, self.dtype)
+        x = self._autocast(x)
         if x.ndim == 0:
             raise ValueError(f"Flatten layer {self.name!r} needs a batch of inputs, got a scalar")
         return x.reshape(x.shape[0], -1), tuple(x.shape)
 
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
-        dy = cast_input(dy, self.dtype)
+        dy = self._autocast(dy)
         expected = (cache[0], int(np.prod(cache[1:], dtype=np.int64)))
         check_shape(f"Flatten layer {self.name!r}", expected, dy.shape)
         return dy.reshape(cache), []

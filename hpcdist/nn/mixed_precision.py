@@ -4,11 +4,18 @@ A *policy* names the dtype layers compute in and the dtype of their
 variables: ``"float32"`` (both float32), ``"mixed_bfloat16"`` and
 ``"mixed_float16"`` (compute in bfloat16 / float16, variables float32: the
 *master weights* the optimizer updates), or any float dtype name. Layers
-made while a policy is global (and given no ``dtype``) follow it; today
-:class:`~hpcdist.nn.Dense` computes in the 16-bit type (NumPy's matmul of
-bfloat16 accumulates in float32), other layers compute in their variable
-dtype. ``fit`` computes the loss in float32 and hands every gradient to the
-optimizer as float32.
+made while a policy is global (and given no ``dtype``), or given a policy
+(``dtype="mixed_float16"``), follow it, as in Keras: every layer casts its
+floating inputs to its compute dtype, reads a 16-bit copy of its float32
+variables, and returns the compute dtype. Where 16-bit arithmetic is unsafe a
+layer computes inside in float32 and rounds its output once: the statistics of
+``BatchNormalization`` and ``LayerNormalization``, the ``softmax`` and
+``gelu`` activations. Matmuls of
+bfloat16 accumulate in float32 (NumPy's). The gradients of the variables are
+float32 (the master weights'). ``fit`` computes the loss in float32 and hands
+every gradient to the optimizer as float32. NumPy has bfloat16 (``ml_dtypes``);
+CuPy has none, so ``"mixed_bfloat16"`` layers on GPU arrays raise
+:class:`~hpcdist.errors.ArrayInteropError` (use ``"mixed_float16"`` there).
 
 Float16 gradients underflow without loss scaling: :class:`LossScaleOptimizer`
 (Keras's semantics) multiplies the loss by a dynamic scale, divides the
@@ -35,6 +42,7 @@ import numpy as np
 
 from hpcdist.arrays import BFLOAT16, array_module
 from hpcdist.distribute import context
+from hpcdist.errors import ArrayInteropError
 from hpcdist.nn import backend
 
 __all__ = ["LossScaleOptimizer", "Policy", "global_policy", "set_global_policy"]
@@ -104,9 +112,13 @@ def set_global_policy(policy: Policy | str | None) -> None:
 def layer_dtypes(dtype: Any) -> tuple[str | None, str | None]:
     """``(variable dtype, compute dtype)`` for a layer given ``dtype`` (``None``: the policy's).
 
-    ``(None, None)`` means: the layer's own dtype for both. Example:
-    ``layer_dtypes(None)`` is ``("float32", "bfloat16")`` under ``"mixed_bfloat16"``.
+    ``dtype`` may be a :class:`Policy` or a mixed policy's name (as in Keras,
+    ``Dense(4, dtype="mixed_float16")``). ``(None, None)`` means: the layer's
+    own dtype for both. Example: ``layer_dtypes(None)`` is
+    ``("float32", "bfloat16")`` under ``"mixed_bfloat16"``.
     """
+    if isinstance(dtype, str) and dtype in _MIXED:
+        dtype = Policy(dtype)
     if isinstance(dtype, Policy):
         return dtype.variable_dtype, dtype.compute_dtype
     if dtype is None and _global[0] is not None:
@@ -114,12 +126,32 @@ def layer_dtypes(dtype: Any) -> tuple[str | None, str | None]:
     return None, None
 
 
-def compute_array_dtype(name: str) -> np.dtype:
-    """The NumPy dtype of a compute dtype name (``"bfloat16"``: ``ml_dtypes.bfloat16``).
+def compute_array_dtype(name: str, xp: Any = np) -> np.dtype:
+    """The dtype of a compute dtype name for arrays of ``xp`` (NumPy or CuPy).
+
+    ``"bfloat16"`` is ``ml_dtypes.bfloat16`` for NumPy; CuPy has no bfloat16,
+    so it raises :class:`~hpcdist.errors.ArrayInteropError` for CuPy.
 
     Example: ``compute_array_dtype("bfloat16") == BFLOAT16``.
     """
-    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+    if name != "bfloat16":
+        return np.dtype(name)
+    if xp is not np:
+        raise ArrayInteropError(
+            'the policy "mixed_bfloat16" computes in bfloat16, but the layer\'s arrays are '
+            f"{getattr(xp, '__name__', xp)} arrays and CuPy has no bfloat16 type. On GPUs use "
+            '"mixed_float16" (with LossScaleOptimizer) or "float32"'
+        )
+    return BFLOAT16
+
+
+def is_half(dtype: Any) -> bool:
+    """Whether ``dtype`` is a 16-bit float (float16 or bfloat16).
+
+    Example: ``is_half(BFLOAT16)`` and ``not is_half(np.float32)``.
+    """
+    dtype = np.dtype(dtype)
+    return dtype.itemsize == 2 and (dtype.kind == "f" or dtype == BFLOAT16)
 
 
 def to_float32(x: Any) -> Any:
@@ -128,7 +160,7 @@ def to_float32(x: Any) -> Any:
     Example: ``to_float32(np.ones(2, np.float16)).dtype == np.float32``.
     """
     dtype = getattr(x, "dtype", None)
-    if dtype is not None and dtype.itemsize == 2 and (dtype.kind == "f" or dtype == BFLOAT16):
+    if dtype is not None and is_half(dtype):
         return x.astype(np.float32)
     return x
 

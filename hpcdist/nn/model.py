@@ -287,7 +287,15 @@ class Model:
         trainable = [i for i, layer in enumerate(self._layers) if layer.trainable_weights]
         if not trainable:
             return []
-        first = trainable[0]
+        # 16-bit gradients under loss scaling overflow by design (the step is then skipped)
+        mixed = any(getattr(la, "compute_dtype", None) != getattr(la, "dtype", None)
+                    for la in self._layers)  # fmt: skip
+        quiet = np.errstate(over="ignore", invalid="ignore") if mixed else contextlib.nullcontext()
+        with quiet:
+            return self._backward_layers(layer_caches, dy, trainable[0])
+
+    def _backward_layers(self, layer_caches: tuple, dy: Any, first: int) -> list[Any]:
+        """The backward passes from the last layer down to ``first`` (the first trainable)."""
         outs = self._gradient_views()
         per_layer: list[list[Any]] = [[] for _ in self._layers]
         for i in range(len(self._layers) - 1, first - 1, -1):

@@ -15,6 +15,11 @@ batch, up to the order of the sums. The moving statistics are sync-on-read
 variables with MEAN aggregation: each replica updates its own copy; a read
 outside ``strategy.run`` (saving, ``get_weights``) gives their mean.
 
+Under a mixed-precision policy (as Keras) both take their input in the 16-bit
+compute dtype, compute the statistics and the normalization in float32 (the
+variables' dtype), and return the compute dtype; the gradients of ``gamma``
+and ``beta`` are float32, the gradient of the input is in the compute dtype.
+
 Example:
     >>> import numpy as np
     >>> bn = BatchNormalization(dtype="float64")
@@ -33,8 +38,9 @@ from hpcdist.arrays import array_module
 from hpcdist.distribute import context
 from hpcdist.distribute.variables import Variable, VariableAggregation, VariableSynchronization
 from hpcdist.nn import initializers as initializers_mod
+from hpcdist.nn import mixed_precision
 from hpcdist.nn import regularizers as regularizers_mod
-from hpcdist.nn.layers import Layer, cast_input, check_shape
+from hpcdist.nn.layers import Layer, check_shape
 
 __all__ = ["BatchNormalization", "LayerNormalization"]
 
@@ -111,6 +117,15 @@ class _Normalization(Layer):
         if self.center:
             self.beta = self.add_weight("beta", param_shape, self.beta_initializer,
                                         regularizer=self.beta_regularizer)  # fmt: skip
+
+    def _widen(self, x: Any, xp: Any) -> Any:
+        """``x`` autocast to the compute dtype, then in the variables' dtype for the math."""
+        return self._autocast(x, xp).astype(self.dtype, copy=False)
+
+    def _narrow(self, y: Any) -> Any:
+        """``y`` in the compute dtype (what the layer returns)."""
+        compute = mixed_precision.compute_array_dtype(self.compute_dtype, array_module(y))
+        return y.astype(compute, copy=False)
 
     def _affine_grads(self, dy: Any, xhat: Any, axes: tuple[int, ...], shape: tuple) -> list:
         if not self._trainable:
@@ -247,7 +262,7 @@ class BatchNormalization(_Normalization):
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
         self._require_built()
         ref = self.moving_mean.raw_value()
-        x = cast_input(x, self.dtype, array_module(ref))
+        x = self._widen(x, array_module(ref))
         reduce, shape = self._layout(x)
         xp = array_module(x)
         ctx = self._sync_context()
@@ -256,7 +271,7 @@ class BatchNormalization(_Normalization):
         if batch:
             mean, var, n = self._batch_stats(x, reduce, ctx)
             if mean is None:  # no examples (anywhere): nothing to normalize or learn
-                return x, ("empty", x.shape)
+                return self._narrow(x), ("empty", x.shape)
             self._update_moving(mean, var)
         else:
             mean, var = ref, self.moving_variance.raw_value()
@@ -267,22 +282,22 @@ class BatchNormalization(_Normalization):
             y = y * self.gamma.raw_value().reshape(shape)
         if self.beta is not None:
             y = y + self.beta.raw_value().reshape(shape)
-        return y, (xhat, inv, reduce, shape, batch, n, ctx)
+        return self._narrow(y), (xhat, inv, reduce, shape, batch, n, ctx)
 
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
         xp = array_module(self.moving_mean.raw_value())
-        dy = cast_input(dy, self.dtype, xp)
+        dy = self._widen(dy, xp)
         if isinstance(cache[0], str):  # "empty"
             # no examples on this replica (or, synchronized, on any: then no replica reduces)
             check_shape(f"BatchNormalization layer {self.name!r}", cache[1], dy.shape)
             grads = [xp.zeros(v.shape, dy.dtype) for v in self.trainable_weights]
-            return dy, grads
+            return self._narrow(dy), grads
         xhat, inv, reduce, shape, batch, n, ctx = cache
         check_shape(f"BatchNormalization layer {self.name!r}", xhat.shape, dy.shape)
         grads = self._affine_grads(dy, xhat, reduce, (-1,))
         gamma = self.gamma.raw_value().reshape(shape) if self.gamma is not None else 1.0
         if not batch:
-            return dy * gamma * inv, grads
+            return self._narrow(dy * gamma * inv), grads
         sum_dy = dy.sum(axis=reduce)
         sum_dy_xhat = (dy * xhat).sum(axis=reduce)
         if ctx is not None:
@@ -294,7 +309,7 @@ class BatchNormalization(_Normalization):
         mean_dy = (sum_dy * scale).reshape(shape)
         mean_dy_xhat = (sum_dy_xhat * scale).reshape(shape)
         dx = gamma * inv * (dy - mean_dy - xhat * mean_dy_xhat)
-        return dx, grads
+        return self._narrow(dx), grads
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -346,7 +361,7 @@ class LayerNormalization(_Normalization):
     def forward(self, x: Any, training: bool = False) -> tuple[Any, Any]:
         self._require_built()
         weights = [w for w in (self.gamma, self.beta) if w is not None]
-        x = cast_input(x, self.dtype, array_module(weights[0].raw_value()) if weights else None)
+        x = self._widen(x, array_module(weights[0].raw_value()) if weights else None)
         axes, others, shape = self._layout(x)
         xp = array_module(x)
         mean = xp.mean(x, axis=axes, keepdims=True)
@@ -358,11 +373,11 @@ class LayerNormalization(_Normalization):
             y = y * self.gamma.raw_value().reshape(shape)
         if self.beta is not None:
             y = y + self.beta.raw_value().reshape(shape)
-        return y, (xhat, inv, axes, others, shape)
+        return self._narrow(y), (xhat, inv, axes, others, shape)
 
     def backward(self, cache: Any, dy: Any) -> tuple[Any, list[Any]]:
         xhat, inv, axes, others, shape = cache
-        dy = cast_input(dy, self.dtype, array_module(xhat))
+        dy = self._widen(dy, array_module(xhat))
         check_shape(f"LayerNormalization layer {self.name!r}", xhat.shape, dy.shape)
         param_shape = tuple(xhat.shape[a] for a in axes)
         grads = self._affine_grads(dy, xhat, others, param_shape)
@@ -370,4 +385,4 @@ class LayerNormalization(_Normalization):
         xp = array_module(g)
         mean_g = xp.mean(g, axis=axes, keepdims=True)
         mean_gx = xp.mean(g * xhat, axis=axes, keepdims=True)
-        return inv * (g - mean_g - xhat * mean_gx), grads
+        return self._narrow(inv * (g - mean_g - xhat * mean_gx)), grads

@@ -194,6 +194,7 @@ class Trainer:
         x, y, w = data_adapter.unpack(data)
         n_local = int(np.shape(x)[0])
         y_pred, _ = self.forward(x, training=False)
+        y_pred = mixed_precision.to_float32(y_pred)  # a mixed model's loss is float32
         per_example = self._per_example_loss(y, y_pred, w)
         value = per_example.value if isinstance(per_example, Traced) else per_example
         total = float(to_host(array_module(value).sum(value)))

@@ -207,16 +207,21 @@ def recorded(method: F) -> F:
     Example: ``allreduce = recorded(allreduce)`` in the engine's class body.
     """
 
-    end = RECORDER.end
+    recorder = RECORDER
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             out = method(*args, **kwargs)
         except (CollectiveTimeoutError, CollectiveMismatchError) as err:
-            RECORDER.failed(err)
+            recorder.failed(err)
             raise
-        end()
+        record = recorder._open  # (what end() does, inline: this runs on every collective)
+        if record is not None:
+            record[5] = _clock()
+            recorder._open = None
+            if timeline.active:
+                timeline.collective(record)
         return out
 
     return call  # type: ignore[return-value]

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdist.arrays import is_c_contiguous_device as is_c_contiguous
 from hpcdist.errors import DeviceArrayError
 
 
@@ -49,24 +50,6 @@ def device_pointer(x: Any) -> int:
     Example: ``device_pointer(a) == a.data.ptr`` for a CuPy array ``a``.
     """
     return int(x.__cuda_array_interface__["data"][0])
-
-
-def is_c_contiguous(x: Any) -> bool:
-    """Whether a device array is C-contiguous (``strides`` absent or matching its shape).
-
-    Example: ``is_c_contiguous(cupy.ones((2, 3)).T`` is ``False``.
-    """
-    cai = x.__cuda_array_interface__
-    strides = cai.get("strides")
-    if strides is None:
-        return True
-    itemsize = np.dtype(cai["typestr"]).itemsize
-    expected = itemsize
-    for dim, stride in zip(reversed(cai["shape"]), reversed(strides), strict=True):
-        if dim > 1 and stride != expected:
-            return False
-        expected *= dim
-    return True
 
 
 class DeviceRuntime:

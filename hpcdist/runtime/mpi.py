@@ -8,6 +8,8 @@ Environment:
     ``HPCDIST_MPI_THREAD_LEVEL``: ``single``, ``funneled``, ``serialized`` or
     ``multiple`` (default), the thread level asked of ``MPI_Init_thread``.
     ``HPCDIST_CUDA_AWARE_MPI``: ``1``/``0`` overrides the CUDA-awareness query.
+    ``HPCDIST_MPI_DEFAULTS``: ``0`` keeps Open MPI's own defaults where hpcdist
+    would choose others (:mod:`hpcdist.runtime.mpi_defaults`).
 
 Example:
     >>> MPI = mpi()
@@ -26,6 +28,7 @@ from types import ModuleType
 from hpcdist.cluster.envparse import env_flag, environ_or_default
 from hpcdist.cluster.mpi import set_mpi_provider
 from hpcdist.errors import ClusterConfigError
+from hpcdist.runtime.mpi_defaults import apply_mpi_defaults
 
 THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
 
@@ -43,6 +46,7 @@ def mpi() -> ModuleType:
             f"HPCDIST_MPI_THREAD_LEVEL is {level!r}; expected one of {', '.join(THREAD_LEVELS)}"
         )
     mpi4py.rc.thread_level = level
+    apply_mpi_defaults()  # Open MPI reads its parameters from the environment at MPI_Init
     from mpi4py import MPI  # lazy: MPI start-up (importing mpi4py.MPI initialises MPI)
 
     return MPI

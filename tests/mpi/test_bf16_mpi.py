@@ -229,6 +229,10 @@ class _CountingComm:
         self.sent += np.asarray(sendbuf).nbytes
         return self._comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)
 
+    def Isend(self, buf, dest, tag):
+        self.sent += np.asarray(buf).nbytes
+        return self._comm.Isend(buf, dest, tag)
+
 
 def test_compressed_transport_sends_half_the_bytes(c) -> None:
     n = 1 << 16
@@ -245,3 +249,92 @@ def test_ranks_disagreeing_on_compression_raise(c) -> None:
     opts = CommunicationOptions(implementation="MPI", compression="bf16" if c.rank else None)
     with pytest.raises(CollectiveMismatchError, match="compression"):
         c.allreduce([np.ones(8, np.float32)], "SUM", opts)
+
+
+# ------------------------------------------------------------------------- the pipeline
+
+
+def _plan_result(buf, op, send, round_, segment, timeout=None, out=None, divisor=0):
+    comm = mpi().COMM_WORLD
+    plan = wire16.reduce_plan(comm, buf, op, send, round_, divisor, out=out, segment=segment)
+    return drive(comm, plan, timeout, "test")
+
+
+# element counts: empty, tiny (fewer than one per rank), uneven chunks, several segments
+# with a short last one on every rank, and a last chunk shorter than the others
+PIPELINE_SIZES = [0, 1, 3, 97, 1000, 4099, 70_001]
+
+
+@pytest.mark.parametrize("n", PIPELINE_SIZES)
+@pytest.mark.parametrize("segment", [32, 96, wire16.SEGMENT])
+@pytest.mark.parametrize("timeout", [None, 60.0], ids=["blocking", "deadline"])
+def test_pipelined_bf16_is_float32_sum_rounded_once(c, n, segment, timeout) -> None:
+    """16-bit inputs reduced in place, segment by segment: the bits are the reference's
+    whatever the segment (one segment, many, a short last one) and the drive mode."""
+    inputs = _exact_inputs(c.size, n, seed=n + 1)
+    for op in (ReduceOp.SUM, ReduceOp.MEAN):
+        buf = inputs[c.rank].copy()
+        got = _plan_result(buf, op, BFLOAT16, BFLOAT16, segment, timeout, divisor=c.size)
+        assert got is buf
+        np.testing.assert_array_equal(_bits(got), _bits(_reference(inputs, op)))
+        _assert_same_bits_everywhere([got])
+
+
+@pytest.mark.parametrize("n", PIPELINE_SIZES)
+@pytest.mark.parametrize("wire", [BFLOAT16, np.dtype(np.float16)], ids=["bf16", "fp16"])
+def test_pipelined_compression_of_float32(c, n, wire) -> None:
+    """float32 in, 16 bits on the wire, float32 out (widened segment by segment), in place
+    and into a separate result; many segments give the bits of one."""
+    rng = np.random.default_rng(n)
+    inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(c.size)]
+    expected = _compressed_reference(inputs, wire)
+    one = _plan_result(inputs[c.rank].copy(), ReduceOp.SUM, wire, wire, 1 << 30)
+    np.testing.assert_array_equal(one, expected)
+    many = _plan_result(inputs[c.rank].copy(), ReduceOp.SUM, wire, wire, 32)
+    np.testing.assert_array_equal(many, expected)
+    src = inputs[c.rank].copy()
+    out = np.empty(n, np.float32)
+    got = _plan_result(src, ReduceOp.SUM, wire, wire, 64, timeout=60.0, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(src, inputs[c.rank])  # the source is only read
+    _assert_same_bits_everywhere([one, many, out])
+
+
+def test_pipelined_float32_node_sums_rounded_by_the_leaders(c) -> None:
+    """The hierarchical leaders' call: float32 on the wire (uncompressed node sums),
+    rounded once to bf16 into a separate result."""
+    n = 5000
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(c.size)]
+    out = np.empty(n, BFLOAT16)
+    got = _plan_result(inputs[c.rank].copy(), ReduceOp.SUM, np.float32, BFLOAT16, 64, out=out)
+    acc = inputs[0].copy()
+    for x in inputs[1:]:
+        acc = acc + x
+    np.testing.assert_array_equal(_bits(got), _bits(acc.astype(BFLOAT16)))
+
+
+def test_pipelined_segments_each_carry_their_part(c) -> None:
+    """Many segments send the same bytes in all as one: half of float32's, and every
+    message is at most one segment long."""
+
+    class Sizes(_CountingComm):
+        def __init__(self, comm) -> None:
+            super().__init__(comm)
+            self.largest = 0
+
+        def Isend(self, buf, dest, tag):
+            self.largest = max(self.largest, np.asarray(buf).nbytes)
+            return super().Isend(buf, dest, tag)
+
+    n = 10_000
+    comm = Sizes(mpi().COMM_WORLD)
+    buf = np.ones(n, np.float32)
+    plan = wire16.reduce_plan(comm, buf, ReduceOp.SUM, BFLOAT16, BFLOAT16, segment=256)
+    drive(comm, plan, None, "test")
+    np.testing.assert_array_equal(buf, np.full(n, float(c.size)))
+    lengths = np.diff(wire16.chunk_bounds(n, c.size))
+    others = int(lengths.sum() - lengths[c.rank])  # its part of the others' chunks, and
+    assert comm.sent == 2 * (others + (c.size - 1) * int(lengths[c.rank]))  # its own chunk
+    assert comm.largest == 256 * 2

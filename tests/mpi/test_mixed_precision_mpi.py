@@ -10,7 +10,15 @@ import pytest
 
 import hpcdist as hd
 from hpcdist.collectives import CommunicationOptions
-from hpcdist.nn import Dense, Sequential
+from hpcdist.nn import (
+    Dense,
+    Dropout,
+    Embedding,
+    Flatten,
+    Input,
+    LayerNormalization,
+    Sequential,
+)
 from hpcdist.nn import mixed_precision as mp
 from hpcdist.runtime import mpi
 
@@ -67,3 +75,25 @@ def test_fit_with_compressed_gradients(monkeypatch) -> None:
     assert any(not np.array_equal(a, b) for a, b in zip(compressed, exact, strict=True))
     assert losses[-1] < losses[0] / 20
     np.testing.assert_allclose(losses[-1], reference[-1], rtol=0.5, atol=0.02)
+
+
+def test_mixed_bfloat16_embedding_layernorm_dropout_model_is_the_same_everywhere() -> None:
+    mp.set_global_policy("mixed_bfloat16")
+    strategy = hd.MultiWorkerMirroredStrategy()
+    rng = np.random.default_rng(0)  # the same global data on every rank
+    ids = rng.integers(0, 40, (512, 6))
+    y = rng.standard_normal(40).astype(np.float32)[ids].sum(axis=1, keepdims=True) / 2.0
+    with strategy.scope():
+        hd.utils.set_random_seed(1)
+        model = Sequential([
+            Input((6,)), Embedding(40, 8), LayerNormalization(), Dense(16, activation="relu"),
+            Dropout(0.1, seed=0), Flatten(), Dense(1),
+        ])  # fmt: skip
+        model.compile(optimizer=hd.optimizers.Adam(0.01), loss="mse")
+    assert {layer.compute_dtype for layer in model.layers} == {"bfloat16"}
+    history = model.fit(ids, y, epochs=6, batch_size=64, verbose=0, shuffle=False)
+    weights = model.get_weights()
+    _same_on_every_rank(weights)
+    assert all(w.dtype == np.float32 for w in weights)
+    losses = history.history["loss"]
+    assert losses[-1] < losses[0] / 3, losses

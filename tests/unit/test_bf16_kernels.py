@@ -12,8 +12,10 @@ import pytest
 
 from hpcdist.arrays import BFLOAT16, is_floating
 from hpcdist.collectives import Collectives, CommunicationOptions
+from hpcdist.collectives.mpi_backend import WAITALL, Call, drive
 from hpcdist.collectives.ops import reduce_arrays
-from hpcdist.collectives.wire16 import chunk_bounds
+from hpcdist.collectives.wire16 import chunk_bounds, segment_bounds
+from hpcdist.errors import CollectiveTimeoutError
 from hpcdist.kernels import reduce_slots, scale
 from hpcdist.kernels.fold16 import MAX, MEAN, MIN, SUM, fold_rows16, narrow, widen
 from hpcdist.runtime import mpi
@@ -125,3 +127,72 @@ def test_chunk_bounds_cover_everything() -> None:
             bounds = chunk_bounds(total, size)
             assert bounds[0] == 0 and bounds[-1] == total and len(bounds) == size + 1
             assert all(lo <= hi for lo, hi in zip(bounds, bounds[1:], strict=False))
+
+
+def test_segment_bounds_cover_a_chunk() -> None:
+    assert segment_bounds(0, 64) == []
+    assert segment_bounds(5, 2) == [(0, 2), (2, 4), (4, 5)]
+    for length in (1, 63, 64, 65, 1000):
+        parts = segment_bounds(length, 64)
+        assert parts[0][0] == 0 and parts[-1][1] == length
+        assert all(b - a <= 64 for a, b in parts)
+        assert all(p[1] == q[0] for p, q in zip(parts, parts[1:], strict=False))
+
+
+def _self_exchange(comm, received: np.ndarray):
+    """A plan that starts a receive and a send to itself, and waits for both."""
+    requests = [comm.Irecv(received, 0, 7), comm.Isend(np.arange(4.0), 0, 7)]
+    yield Call(WAITALL, (requests,), label="the exchange")
+    return received.copy()
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0], ids=["blocking", "deadline"])
+def test_waitall_call_waits_for_the_plans_requests(timeout) -> None:
+    comm = mpi().COMM_SELF
+    got = drive(comm, _self_exchange(comm, np.zeros(4)), timeout, "exchange")
+    np.testing.assert_array_equal(got, np.arange(4.0))
+
+
+def test_waitall_call_times_out_with_a_pending_request() -> None:
+    """A receive that nothing matches: the deadline gives a typed error naming the step;
+    the pending collective completes once the message arrives."""
+    comm = mpi().COMM_SELF
+    received = np.zeros(2)
+
+    def plan():
+        yield Call(WAITALL, ([comm.Irecv(received, 0, 9)],), label="the late receive")
+        return received
+
+    with pytest.raises(CollectiveTimeoutError, match="the late receive") as info:
+        drive(comm, plan(), 0.05, "late")
+    comm.Send(np.ones(2), 0, 9)  # small: buffered, it does not wait for the receive
+    np.testing.assert_array_equal(info.value.request.Wait(), np.ones(2))
+
+
+class _SlowRequest:
+    """Completes at its ``ready``-th test; counts the tests."""
+
+    def __init__(self, ready: int) -> None:
+        self.ready, self.tests = ready, 0
+
+    def Test(self) -> bool:
+        self.tests += 1
+        return self.tests >= self.ready
+
+
+def test_waiting_for_transfers_tests_them_and_sleeps_between(monkeypatch) -> None:
+    """A blocking WAITALL keeps testing (Open MPI's TCP moves data only then) but sleeps,
+    at most TRANSFER_SLEEP_S at a time, instead of spinning on the core."""
+    from hpcdist.collectives import mpi_backend
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(mpi_backend.time, "sleep", sleeps.append)
+    requests = [_SlowRequest(3), _SlowRequest(60)]
+
+    def plan():
+        yield Call(WAITALL, (requests,))
+        return "done"
+
+    assert drive(object(), plan(), None, "transfers") == "done"
+    assert requests[1].tests == 60 and requests[0].tests >= 3  # every request tested each time
+    assert sleeps and max(sleeps) <= mpi_backend.TRANSFER_SLEEP_S

@@ -80,6 +80,15 @@ def test_the_engine_records_each_collective_once():
     assert recorder.RECORDER.records() == before  # one rank: no communication, nothing to record
 
 
+@pytest.mark.parametrize(
+    "name", ["allreduce", "reduce_scatter", "allgather", "allgather_list", "broadcast",
+             "alltoall", "barrier"],
+)
+def test_each_engine_operation_is_wrapped_by_the_recorder_exactly_once(name):
+    wrapped = getattr(Collectives, name).__wrapped__  # the @recorded wrapper's target
+    assert not hasattr(wrapped, "__wrapped__"), f"{name} is wrapped by @recorded twice"
+
+
 def _dump(rank, records, size=2, job="j"):
     return {"rank": rank, "size": size, "job": job, "time": 1.0, "reason": "x",
             "records": [{"comm": "0/2", "seq": s, "what": w, "done": d} for s, w, d in records]}
