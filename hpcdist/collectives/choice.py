@@ -76,14 +76,15 @@ BAND_KEY = BAND_VAR.encode()
 _band_reads = [0]
 
 
-def read_env(name: bytes) -> Any:
-    """The raw value of the environment variable ``name`` now (``None``: unset), read on
-    every call of the engine, so a change takes effect at once: through the C library's
-    ``getenv`` where there is one (a third of ``os.environ``'s cost), else ``os.environ``."""
-    getenv = _GETENV
-    if getenv is not None:
-        return getenv(name)
+def _environ_value(name: bytes) -> Any:
     return os.environ.get(name.decode())
+
+
+#: ``read_env(name)``: the raw value of the environment variable ``name`` (bytes) now
+#: (``None``: unset), read on every call of the engine, so a change takes effect at once:
+#: the C library's ``getenv`` itself where there is one (no Python frame around it: a
+#: third of ``os.environ``'s cost), else ``os.environ``.
+read_env: Callable[[bytes], Any] = _GETENV if _GETENV is not None else _environ_value
 
 
 def band_reads() -> int:
