@@ -154,3 +154,27 @@ def test_different_shapes_raise_a_mismatch_on_every_rank(small_slots):
     ok = c.reduce_scatter(np.ones(100_003, np.float32), "SUM")  # still usable afterwards
     assert np.all(ok == c.size)
 
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("op", ["SUM", "MEAN"])
+def test_the_mpi_band_scatters_with_reduce_scatter_and_the_allreduce_bits(dtype, op):
+    """Two ranks on one node, a tensor in AUTO's MPI band: ``mpi-direct`` runs its own
+    ``Reduce_scatter`` (half the bytes of the allreduce) with the allreduce slice's bits."""
+    from hpcdist.collectives import choice
+
+    c = Collectives(mpi().COMM_WORLD)
+    lo, hi = choice.mpi_band()
+    rows = max((lo + hi) // 2 // np.dtype(dtype).itemsize, 7) | 1  # odd: uneven blocks
+
+    def check():
+        x = _input(dtype, (rows,), c.rank)
+        full = c.allreduce([x], op)[0]
+        block = c.reduce_scatter(x, op)
+        bounds = np.cumsum([0] + [len(b) for b in np.array_split(np.arange(rows), c.size)])
+        assert _bits(block) == _bits(full[bounds[c.rank] : bounds[c.rank + 1]])
+        banded = c.size == 2 and world().node_count == 1 and lo < hi
+        assert (c.last_algorithm == "mpi-direct") == banded, c.last_algorithm
+
+    _everywhere(check)
+    c.close()

@@ -77,5 +77,32 @@ class MpiBand(SlicedScatter):
             np.divide(out, np.asarray(session.size, dtype=group.wire), out=out)
         return [out]
 
+    def reduce_scatter(
+        self,
+        session: Session,
+        items: Sequence[np.ndarray],
+        layout: Layout,
+        opts: CommunicationOptions,
+        bounds: Sequence[int],
+    ) -> np.ndarray:
+        """Node barrier comparing digests, then ``Reduce_scatter``: half the bytes of the
+        allreduce, and its bits (two ranks: ``a + b`` is ``b + a``). Checked calls
+        slice the checked allreduce, as the other MPI algorithms do."""
+        if opts.timeout_seconds is not None or opts.mpi_message_bytes:
+            return SlicedScatter.reduce_scatter(self, session, items, layout, opts, bounds)
+        window = session.topology().window
+        assert window is not None  # (applies: backend SHM, a window on this node)
+        session.count_call(layout, opts, layout.text)
+        agreed, _ = window.sync(layout.digest, None)
+        if not agreed:
+            session.report_mismatch(window, layout.text)
+        group = layout.groups[0]
+        counts = [bounds[r + 1] - bounds[r] for r in range(session.size)]
+        block = np.empty(counts[session.rank], group.wire)
+        session.comm.Reduce_scatter(source_view(group, items), block, counts, mpi().SUM)
+        if layout.op is ReduceOp.MEAN and group.wire.kind == "f":
+            np.divide(block, np.asarray(session.size, dtype=group.wire), out=block)
+        return block
+
 
 ALGORITHM = MpiBand()
