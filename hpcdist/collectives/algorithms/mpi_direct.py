@@ -64,12 +64,7 @@ class MpiBand(SlicedScatter):
         """
         if opts.timeout_seconds is not None or opts.mpi_message_bytes:
             return MPI_ALGORITHM.allreduce(session, items, layout, opts)
-        window = session.topology().window
-        assert window is not None  # (applies: backend SHM, a window on this node)
-        session.count_call(layout, opts, layout.text)
-        agreed, _ = window.sync(layout.digest, None)
-        if not agreed:
-            session.report_mismatch(window, layout.text)
+        _agree_on_node(session, layout, opts)
         group = layout.groups[0]
         out = session.buffers.take(("mpi", layout.digest, 0), group.total, group.wire)
         session.comm.Allreduce(source_view(group, items), out, mpi().SUM)
@@ -90,12 +85,7 @@ class MpiBand(SlicedScatter):
         slice the checked allreduce, as the other MPI algorithms do."""
         if opts.timeout_seconds is not None or opts.mpi_message_bytes:
             return SlicedScatter.reduce_scatter(self, session, items, layout, opts, bounds)
-        window = session.topology().window
-        assert window is not None  # (applies: backend SHM, a window on this node)
-        session.count_call(layout, opts, layout.text)
-        agreed, _ = window.sync(layout.digest, None)
-        if not agreed:
-            session.report_mismatch(window, layout.text)
+        _agree_on_node(session, layout, opts)
         group = layout.groups[0]
         counts = [bounds[r + 1] - bounds[r] for r in range(session.size)]
         block = np.empty(counts[session.rank], group.wire)
@@ -103,6 +93,17 @@ class MpiBand(SlicedScatter):
         if layout.op is ReduceOp.MEAN and group.wire.kind == "f":
             np.divide(block, np.asarray(session.size, dtype=group.wire), out=block)
         return block
+
+
+def _agree_on_node(session: Session, layout: Layout, opts: CommunicationOptions) -> None:
+    """Count the call, then a node barrier comparing digests (every rank raises on a
+    mismatch): what an unchecked call agrees on before its direct MPI call."""
+    window = session.topology().window
+    assert window is not None  # (applies: backend SHM, a window on this node)
+    session.count_call(layout, opts, layout.text)
+    agreed, _ = window.sync(layout.digest, None)
+    if not agreed:
+        session.report_mismatch(window, layout.text)
 
 
 ALGORITHM = MpiBand()
