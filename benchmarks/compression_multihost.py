@@ -219,22 +219,10 @@ def main() -> int:
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    from tests.multihost.rig import hosts_sh, mpirun  # lazy: the rig, only in the driver
+    from tests.multihost.rig import RigError, hosts_up, mpirun  # lazy: the rig, driver only
 
-    check = hosts_sh("check")
-    if check.returncode != 0:
-        print(f"{NAME}: cannot start the hosts: {check.stdout.strip()}")
-        return 2
-    were_up = "hpcn2" in hosts_sh("status").stdout
-    up = hosts_sh("up", "2")
-    if up.returncode != 0:
-        print(up.stdout)
-        return 1
     try:
-        shaped = hosts_sh("shape", args.rate)
-        if shaped.returncode != 0:
-            raise SystemExit(f"tc failed: {shaped.stdout}")
-        with tempfile.TemporaryDirectory() as folder:
+        with hosts_up(2, args.rate), tempfile.TemporaryDirectory() as folder:
             out = os.path.join(folder, "raw.json")
             argv = [str(pathlib.Path(__file__).resolve()), "--worker", "--out", out,
                     "--batch", str(args.batch), "--rounds", str(args.rounds),
@@ -245,10 +233,9 @@ def main() -> int:
                 print(f"{NAME}: the job across the hosts failed ({proc.returncode})")
                 return 1
             raw = json.loads(pathlib.Path(out).read_text())
-    finally:
-        hosts_sh("shape", "off")
-        if not were_up:
-            hosts_sh("down")
+    except RigError as err:
+        print(f"{NAME}: {err}")
+        return err.code
     raw["link_Bps"] = float(args.rate.removesuffix("gbit")) * 125e6 if args.rate.endswith(
         "gbit") else None  # fmt: skip
     summary = evaluate(raw)

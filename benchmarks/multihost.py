@@ -32,7 +32,7 @@ from common import RESULTS, pyplot, save_report  # noqa: E402  (benchmarks/ is o
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.multihost.rig import TWO_BY_TWO, hosts_sh, mpirun  # noqa: E402
+from tests.multihost.rig import TWO_BY_TWO, RigError, hosts_sh, hosts_up, mpirun  # noqa: E402
 
 SERIES = ("mpi4py", "hpcdist-mpi", "hpcdist-hierarchical", "hpcdist-auto")
 TARGET = {"rate": "1gbit", "min_bytes": 16 << 20, "speedup": 1.3}
@@ -121,24 +121,14 @@ def main() -> int:
     p.add_argument("--resnet-repeats", type=int, default=2)
     p.add_argument("--timeout", type=float, default=1500, help="seconds per rate")
     args = p.parse_args()
-    check = hosts_sh("check")
-    if check.returncode != 0:
-        print(f"multihost benchmark: cannot start the hosts: {check.stdout.strip()}")
-        return 2
-    were_up = "hpcn2" in hosts_sh("status").stdout
-    up = hosts_sh("up", "2")
-    if up.returncode != 0:
-        print(up.stdout)
-        return 1
     rates = []
     try:
-        with tempfile.TemporaryDirectory() as folder:
+        with hosts_up(2), tempfile.TemporaryDirectory() as folder:
             for rate in args.rates.split(","):
                 rates.append(summarize(rate, run_rate(rate, args, folder)))
-    finally:
-        hosts_sh("shape", "off")
-        if not were_up:
-            hosts_sh("down")
+    except RigError as err:
+        print(f"multihost benchmark: {err}")
+        return err.code
     targets = evaluate(rates)
     report = {
         "benchmark": "multihost",

@@ -138,42 +138,39 @@ def main() -> int:
         return worker(args)
     import tempfile  # lazy: the driver only
 
-    from tests.multihost.rig import MPIRUN, hosts_sh, job_env, mpirun_args  # lazy: the rig
+    from tests.multihost.rig import (  # lazy: the rig
+        MPIRUN,
+        RigError,
+        hosts_up,
+        job_env,
+        mpirun_args,
+    )
 
-    check = hosts_sh("check")
-    if check.returncode != 0:
-        print(f"{NAME}: cannot start the hosts: {check.stdout.strip()}")
-        return 2
-    were_up = "hpcn2" in hosts_sh("status").stdout
-    if hosts_sh("up", "2").returncode != 0:
-        return 1
     settings = {}
     try:
-        if hosts_sh("shape", args.rate).returncode != 0:
-            raise SystemExit("tc failed")
-        with tempfile.TemporaryDirectory() as folder:
-            for name, mca in SETTINGS.items():
-                out = pathlib.Path(folder) / "raw.json"
-                command = [MPIRUN, "-n", "2", *mpirun_args(LAYOUT)]
-                for key, value in mca.items():
-                    command += ["--mca", key, str(value)]
-                command += [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
-                            "--out", str(out), "--reps", str(args.reps)]  # fmt: skip
-                if name == "default":
-                    command.append("--gloo")
-                proc = subprocess.run(
-                    command, env=job_env({"GLOO_SOCKET_IFNAME": "eth0"}), cwd=REPO,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
-                    check=False,
-                )  # fmt: skip
-                if proc.returncode != 0:
-                    print(proc.stdout[-4000:])
-                    return 1
-                settings[name] = {"mca": mca, **json.loads(out.read_text())}
-    finally:
-        hosts_sh("shape", "off")
-        if not were_up:
-            hosts_sh("down")
+        with hosts_up(2, args.rate):
+            with tempfile.TemporaryDirectory() as folder:
+                for name, mca in SETTINGS.items():
+                    out = pathlib.Path(folder) / "raw.json"
+                    command = [MPIRUN, "-n", "2", *mpirun_args(LAYOUT)]
+                    for key, value in mca.items():
+                        command += ["--mca", key, str(value)]
+                    command += [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
+                                "--out", str(out), "--reps", str(args.reps)]  # fmt: skip
+                    if name == "default":
+                        command.append("--gloo")
+                    proc = subprocess.run(
+                        command, env=job_env({"GLOO_SOCKET_IFNAME": "eth0"}), cwd=REPO,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                        check=False,
+                    )  # fmt: skip
+                    if proc.returncode != 0:
+                        print(proc.stdout[-4000:])
+                        return 1
+                    settings[name] = {"mca": mca, **json.loads(out.read_text())}
+    except RigError as err:
+        print(f"{NAME}: {err}")
+        return err.code
     rate = float(args.rate.removesuffix("gbit")) * 125e6 if args.rate.endswith("gbit") else 125e6
     report = {
         "benchmark": NAME,

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tests.faults.launch import MPI_ENV, MPIRUN, Finished
@@ -43,6 +43,38 @@ def hosts_sh(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         timeout=timeout,
         check=False,
     )
+
+
+class RigError(RuntimeError):
+    """The hosts could not be started or shaped; ``code``: the exit status to return."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@contextlib.contextmanager
+def hosts_up(count: int = 2, rate: str | None = None) -> Iterator[None]:
+    """Hosts ``hpcn1..hpcn<count>`` up for the block, their links shaped to ``rate`` if
+    given; afterwards shaping off, and the hosts down again if they were down before.
+    Raises :class:`RigError` (code 2: the rig cannot start here; 1: it failed)."""
+    check = hosts_sh("check")
+    if check.returncode != 0:
+        raise RigError(f"cannot start the hosts: {check.stdout.strip()}", 2)
+    were_up = f"hpcn{count}" in hosts_sh("status").stdout
+    up = hosts_sh("up", str(count))
+    if up.returncode != 0:
+        raise RigError(f"hosts.sh up failed: {up.stdout.strip()}", 1)
+    try:
+        if rate is not None:
+            shaped = hosts_sh("shape", rate)
+            if shaped.returncode != 0:
+                raise RigError(f"tc failed for {rate}: {shaped.stdout.strip()}", 1)
+        yield
+    finally:
+        hosts_sh("shape", "off")
+        if not were_up:
+            hosts_sh("down")
 
 
 def mpirun_args(layout: Sequence[tuple[str, int]]) -> list[str]:

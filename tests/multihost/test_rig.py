@@ -39,3 +39,17 @@ def test_shape_limits_both_directions_and_off_removes_it():
     finally:
         assert hosts_sh("shape", "off").returncode == 0
     assert "tbf" not in sh("tc", "qdisc", "show", "dev", "hpcv2")
+
+
+def test_hosts_up_shapes_for_the_block_and_leaves_up_hosts_up():
+    from tests.multihost.rig import hosts_up
+
+    before = hosts_sh("status").stdout  # the session's three hosts
+    try:
+        with hosts_up(3, "1gbit"):
+            assert "rate 1Gbit" in sh("tc", "qdisc", "show", "dev", "hpcv2")
+            raise KeyError("inside the block")
+    except KeyError:
+        pass
+    assert "tbf" not in sh("tc", "qdisc", "show", "dev", "hpcv2")  # shaping off, even so
+    assert hosts_sh("status").stdout == before  # they were up: still up
