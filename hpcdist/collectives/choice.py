@@ -31,9 +31,9 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
 import os
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 from hpcdist.collectives.options import CommunicationImplementation as CI
@@ -56,35 +56,52 @@ MPI_BAND = (4 << 20, 32 << 20)
 _band_cache: dict[str | None, tuple[int, int]] = {}
 
 
-def _c_getenv() -> Callable[[bytes], Any] | None:
-    """The C library's ``getenv`` (which ``os.environ[...] = ...`` updates through
-    ``putenv``), or ``None`` where it cannot be loaded."""
-    if os.name != "posix":
-        return None
-    try:
-        getenv = ctypes.CDLL(None).getenv
-    except (OSError, AttributeError):  # pragma: no cover - no C library to load
-        return None
-    getenv.restype = ctypes.c_char_p
-    getenv.argtypes = [ctypes.c_char_p]
-    return getenv
+#: How many times this process has set or unset an environment variable since
+#: :func:`watch_environment` ran (``os.environ[...] = ...``, ``del os.environ[...]``,
+#: ``os.putenv``, ``os.unsetenv``: CPython raises the audit events ``os.putenv`` and
+#: ``os.unsetenv`` for each). Engines remember their picks with this count and read the
+#: steering variables again only when it changed: a change takes effect at the next call,
+#: and an unchanged environment costs one comparison per call. ``-1`` never matches it.
+ENV_CHANGES = [0]
+_PROBE = "hpcdist.watch_environment"
+_watch = {"asked": False, "seen": False}
 
 
-_GETENV = _c_getenv()
-ENV_KEY = ENV_VAR.encode()
-BAND_KEY = BAND_VAR.encode()
+def _on_audit(event: str, args: tuple[Any, ...]) -> None:
+    """The audit hook: counts environment changes (every audited event passes here)."""
+    if event == "os.putenv" or event == "os.unsetenv":
+        ENV_CHANGES[0] += 1
+    elif event == _PROBE:
+        _watch["seen"] = True
+
+
+def watch_environment() -> bool:
+    """Start counting environment changes in :data:`ENV_CHANGES` (once per process, with
+    an audit hook, :func:`sys.addaudithook`); whether they are counted. ``False`` where
+    another hook refused this one: engines then read the variables on every call."""
+    if not _watch["asked"]:
+        _watch["asked"] = True
+        try:
+            sys.addaudithook(_on_audit)
+        except RuntimeError:  # pragma: no cover - another hook refused it
+            return False
+        sys.audit(_PROBE)  # (a hook that refuses others may do so silently: check it runs)
+    return _watch["seen"]
+
+
+def env_version() -> int:
+    """What engines remember a pick with: :data:`ENV_CHANGES` while changes are counted,
+    else ``-1`` (never current: the pick is checked against the variables every call)."""
+    return ENV_CHANGES[0] if _watch["seen"] else -1
+
+
+def steering_env() -> tuple[str | None, str | None]:
+    """``HPCDIST_COLLECTIVES`` and ``HPCDIST_MPI_BAND`` as set now (``None``: unset)."""
+    env = os.environ
+    return env.get(ENV_VAR), env.get(BAND_VAR)
+
+
 _band_reads = [0]
-
-
-def _environ_value(name: bytes) -> Any:
-    return os.environ.get(name.decode())
-
-
-#: ``read_env(name)``: the raw value of the environment variable ``name`` (bytes) now
-#: (``None``: unset), read on every call of the engine, so a change takes effect at once:
-#: the C library's ``getenv`` itself where there is one (no Python frame around it: a
-#: third of ``os.environ``'s cost), else ``os.environ``.
-read_env: Callable[[bytes], Any] = _GETENV if _GETENV is not None else _environ_value
 
 
 def band_reads() -> int:

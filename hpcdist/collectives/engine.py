@@ -41,7 +41,7 @@ from hpcdist import arrays as interop  # torch/jax/tf arrays in, the caller's ty
 from hpcdist.arrays import asarray, device_of, to_host
 from hpcdist.collectives import choice, compression
 from hpcdist.collectives.alltoall import alltoall as alltoall_arrays
-from hpcdist.collectives.choice import BAND_KEY, ENV_KEY, band_reads, read_env
+from hpcdist.collectives.choice import ENV_CHANGES
 from hpcdist.collectives.device_path import has_device_arrays
 from hpcdist.collectives.fusion import Layout, unfuse
 from hpcdist.collectives.inputs import check_axis, check_out, deliver, place, split_bounds
@@ -59,8 +59,8 @@ from hpcdist.collectives.plans import (
     broadcast_layout,
     broadcast_plan,
 )
-from hpcdist.collectives.registry import Algorithm, Where, generation, pick
-from hpcdist.collectives.session import LAYOUT_CACHE_SIZE, Session, clip, mode
+from hpcdist.collectives.registry import Algorithm, Where, generation, pick, remembered_pick
+from hpcdist.collectives.session import Session, clip, mode
 from hpcdist.observe.recorder import recorded
 from hpcdist.runtime import world
 from hpcdist.runtime.device import is_device_array, runtime_for
@@ -68,7 +68,6 @@ from hpcdist.runtime.device import is_device_array, runtime_for
 _OPS = {op.name: op for op in ReduceOp} | {op.name.lower(): op for op in ReduceOp}
 #: Device transports the device path knows (other algorithms' calls stage through the host).
 _TRANSPORTS = frozenset({"copy", "nccl", "hierarchical", "mpi-device", "staged"})
-_UNREAD = object()  # a remembered pick that did not depend on that variable
 
 
 def _reduce_op(op: Any) -> ReduceOp:
@@ -117,6 +116,7 @@ class Collectives:
         self._merged_cache: dict[Any, CommunicationOptions] = {}
         self._generation = -1  # of the process-wide default timeout the cache was built for
         self._picked: dict[int, Any] = {}  # per call digest: algorithm, what it depended on
+        choice.watch_environment()  # (counts environment changes: see _reduce)
 
     @property
     def comm(self) -> Any:
@@ -461,25 +461,16 @@ class Collectives:
     def _reduce(
         self, items: list[np.ndarray], layout: Layout, opts: CommunicationOptions
     ) -> list[np.ndarray]:
-        """Run the registered algorithm for this call, remembered per call signature with
-        the registry's generation and the environment variables the pick read (AUTO reads
-        ``HPCDIST_COLLECTIVES``, and ``HPCDIST_MPI_BAND`` if ``mpi-direct`` was asked)."""
+        """Run the registered algorithm for this call, remembered per call signature (see
+        :func:`~hpcdist.collectives.registry.remembered_pick`): one lookup and two
+        comparisons while the registry and the environment are unchanged."""
         known = self._picked.get(layout.digest)
-        if (
-            known is not None
-            and known[1] == generation()
-            and (known[2] is _UNREAD or known[2] == read_env(ENV_KEY))
-            and (known[3] is _UNREAD or known[3] == read_env(BAND_KEY))
-        ):
-            algorithm = known[0]
-        else:
-            env = read_env(ENV_KEY) if opts.implementation is CI.AUTO else _UNREAD
-            reads = band_reads()
-            algorithm = pick(self._where(layout, opts))
-            band = read_env(BAND_KEY) if band_reads() != reads else _UNREAD
-            if len(self._picked) >= LAYOUT_CACHE_SIZE:
-                self._picked.clear()
-            self._picked[layout.digest] = (algorithm, generation(), env, band)
+        if known is None or known[1] != generation() or known[2] != ENV_CHANGES[0]:
+            known = remembered_pick(
+                self._picked, layout.digest, known, opts.implementation is CI.AUTO,
+                lambda: self._where(layout, opts),
+            )
+        algorithm = known[0]
         self._session.last_algorithm = algorithm.name
         fused: list[np.ndarray] = algorithm.allreduce(self._session, items, layout, opts)
         return fused

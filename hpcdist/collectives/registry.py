@@ -23,8 +23,10 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from hpcdist.collectives import choice
 from hpcdist.collectives.algorithms import (
     copy,
     device_mpi,
@@ -43,11 +45,14 @@ from hpcdist.collectives.where import Algorithm, Where
 
 __all__ = [
     "Algorithm", "Where", "choose_route", "generation", "pick", "register", "registered",
-    "unregister",
+    "remembered_pick", "unregister",
 ]
 
 _REGISTRY: list[Any] = []
 _GENERATION = [0]  # bumped by register/unregister: engines pick again
+_UNREAD = object()  # a remembered pick that did not depend on that variable
+#: Remembered picks an engine keeps (a full memo is emptied).
+MEMO_SIZE = 1024
 
 
 def generation() -> int:
@@ -123,6 +128,45 @@ def pick(where: Where) -> Algorithm:
     raise RuntimeError(  # pragma: no cover - "mpi" applies to everything
         f"no registered algorithm applies ({names}); register one that always applies last"
     )
+
+
+def remembered_pick(
+    memo: dict[int, tuple[Any, ...]],
+    digest: int,
+    known: tuple[Any, ...] | None,
+    auto: bool,
+    where: Callable[[], Where],
+) -> tuple[Any, ...]:
+    """The pick of the call with signature ``digest``, kept in ``memo`` (an engine's) as
+    ``(algorithm, generation, environment version, HPCDIST_COLLECTIVES, HPCDIST_MPI_BAND)``.
+
+    The engine uses a remembered pick while the registry's :func:`generation` and
+    :data:`~hpcdist.collectives.choice.ENV_CHANGES` are as remembered, and calls this
+    otherwise (``known``: the stale entry or ``None``): after an environment change
+    the pick stands if the variables it read (``HPCDIST_COLLECTIVES`` when ``auto``,
+    ``HPCDIST_MPI_BAND`` when :func:`~hpcdist.collectives.choice.mpi_band` was read)
+    kept their values, else :func:`pick` runs again on ``where()``.
+    """
+    collectives, band = choice.steering_env()
+    version = choice.env_version()
+    if (
+        known is not None
+        and known[1] == generation()
+        and (known[3] is _UNREAD or known[3] == collectives)
+        and (known[4] is _UNREAD or known[4] == band)
+    ):
+        known = (known[0], known[1], version, known[3], known[4])  # not these variables
+    else:
+        reads = choice.band_reads()
+        algorithm = pick(where())
+        known = (
+            algorithm, generation(), version, collectives if auto else _UNREAD,
+            band if choice.band_reads() != reads else _UNREAD,
+        )
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+    memo[digest] = known
+    return known
 
 
 def choose_route(
