@@ -154,3 +154,27 @@ def test_reduce_scatter_walks_the_registry(engine):
         for name in ("test-scatter", "test-only"):
             if name in [a.name for a in registry.registered()]:
                 registry.unregister(name)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "int32"])
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX"])
+@pytest.mark.parametrize("counts", [(4096,), (16384,), (3000, 1000, 1)], ids=str)
+def test_one_bucket_shm_calls_give_the_bits_of_the_checked_plan(engine, dtype, op, counts):
+    """Unchecked one-bucket calls the shared window folds whole (4 to 64 KiB) run
+    ``small``'s routine inside ``shm``: the same bits as the checked calls, which run
+    the node plan."""
+    from hpcdist.arrays import BFLOAT16
+
+    wire = BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(11 + engine.rank)
+    xs = [(rng.standard_normal(n) * 1000).astype(wire) for n in counts]
+    shm = CommunicationOptions(implementation="shm")
+    checked = CommunicationOptions(implementation="shm", timeout_seconds=120)
+    fast = engine.allreduce(xs, op, shm)
+    if world().node_count == 1:
+        assert engine.last_algorithm == "shm"
+    planned = engine.allreduce(xs, op, checked)
+    for a, b in zip(fast, planned, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert len(set(_digest_everywhere(engine.comm, fast))) == 1

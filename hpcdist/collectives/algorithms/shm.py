@@ -2,7 +2,10 @@
 
 Applies when the backend is ``SHM`` (every rank on one node, and AUTO, SHM or
 HIERARCHICAL asked). Every element is folded in rank order in one place: every rank gets
-the same bits, run after run.
+the same bits, run after run. An unchecked call of one bucket that every rank folds
+whole (at most :data:`~hpcdist.collectives.shm_backend.SMALL_BUCKET_BYTES`) takes the
+``small`` algorithm's three compiled calls instead of the plan: the same copies,
+barrier and fold kernel, so the same bits, without the plan's generator.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpcdist.collectives.algorithms.mpi import SlicedScatter
+from hpcdist.collectives.algorithms.small import ALGORITHM as SMALL
 from hpcdist.collectives.options import CommunicationImplementation as CI
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.shm_backend import (
+    SMALL_BUCKET_BYTES,
     MpiStep,
     allreduce_plan,
     blocked_reduce_scatter_plan,
@@ -70,6 +75,14 @@ class ShmAllreduce(SlicedScatter):
         opts: CommunicationOptions,
     ) -> list[np.ndarray]:
         """Pack into the slots, fold in rank order (see the backend module)."""
+        group = layout.groups[0]
+        if (
+            opts.timeout_seconds is None
+            and len(layout.groups) == 1
+            and len(group.buckets) == 1
+            and group.total * group.wire.itemsize <= SMALL_BUCKET_BYTES
+        ):  # one bucket every rank folds whole: what the plan does, without it
+            return SMALL.allreduce(session, items, layout, opts)
         return node_allreduce(session, items, layout, opts, hierarchical=False)
 
     def reduce_scatter(

@@ -11,7 +11,10 @@ into the result buffer (one compiled call on raw addresses, the kernels of
 A digest mismatch is reported as on the other paths.
 
 Checked calls (a timeout in effect) take the ``shm`` path, which also
-compares sequence numbers and sleeps while it waits.
+compares sequence numbers and sleeps while it waits. The ``shm`` algorithm
+runs its unchecked one-bucket calls up to
+:data:`~hpcdist.collectives.shm_backend.SMALL_BUCKET_BYTES` with this
+algorithm's :meth:`SmallAllreduce.allreduce` too.
 """
 
 from __future__ import annotations
