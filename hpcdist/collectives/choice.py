@@ -78,7 +78,12 @@ def _on_audit(event: str, args: tuple[Any, ...]) -> None:
 def watch_environment() -> bool:
     """Start counting environment changes in :data:`ENV_CHANGES` (once per process, with
     an audit hook, :func:`sys.addaudithook`); whether they are counted. ``False`` where
-    another hook refused this one: engines then read the variables on every call."""
+    another hook refused this one: engines then read the variables on every call.
+
+    With a hook installed, CPython passes every audited event of the process to it
+    (``id()``, ``open()``, ``compile()``, ...: about 0.4 us each on a 2-core test machine),
+    where reading the two variables on every engine call cost about 0.6 us per call.
+    """
     if not _watch["asked"]:
         _watch["asked"] = True
         try:

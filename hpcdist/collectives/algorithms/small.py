@@ -49,7 +49,7 @@ class SmallAllreduce:
     def __init__(self) -> None:
         # Per (layout digest, window): this rank's slot in each set, cut to the call's
         # length, and the fold's op code (looked up once, not per call).
-        self._rows: dict[tuple[int, int], tuple[tuple[np.ndarray, np.ndarray], int]] = {}
+        self._rows: dict[tuple[int, NodeWindow], tuple[tuple[np.ndarray, np.ndarray], int]] = {}
 
     def applies(self, where: Where) -> bool:
         """One node (backend SHM), no timeout, one dtype in one bucket, <= :data:`SMALL_BYTES`."""
@@ -80,7 +80,7 @@ class SmallAllreduce:
         group = layout.groups[0]
         wire, total = group.wire, group.total
         which = window.next_set()
-        known = self._rows.get((layout.digest, id(window)))
+        known = self._rows.get((layout.digest, window))
         if known is None:
             known = self._remember(window, layout)
         if len(group.members) == 1:  # one tensor: a plain copy into the slot
@@ -114,7 +114,7 @@ class SmallAllreduce:
         known = (rows, kernel_op(layout.op, wire, False))
         if len(self._rows) >= 256:
             self._rows.clear()
-        self._rows[(layout.digest, id(window))] = known
+        self._rows[(layout.digest, window)] = known
         return known
 
 
