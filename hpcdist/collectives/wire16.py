@@ -116,6 +116,7 @@ def reduce_plan(
     divisor: int = 0,
     out: np.ndarray | None = None,
     segment: int = SEGMENT,
+    scale: int = 0,
 ) -> Plan:
     """The MPI calls that reduce ``buf`` (1-D contiguous: float32, float16 or bfloat16)
     across ``comm``, sending ``send_dtype`` and rounding once to ``round_dtype``.
@@ -124,7 +125,9 @@ def reduce_plan(
     0: MEAN is summed, the caller divides). The result goes to ``out`` (same
     length, ``buf``'s or ``round_dtype``; default ``buf`` itself) and is returned.
     ``segment`` is the pipeline's step in elements of a chunk (the bits do not
-    depend on it). Example: see the module docstring.
+    depend on it). ``scale`` > 0 divides a float32 result by it after widening,
+    segment by segment (the bits of dividing the whole result afterwards: a
+    compressed MEAN). Example: see the module docstring.
     """
     size, me = comm.Get_size(), comm.Get_rank()
     target = buf if out is None else out
@@ -145,6 +148,7 @@ def reduce_plan(
     whole = target if target.dtype == round_dtype else _buffer("whole", total, round_dtype)
     mine = whole[lo:hi]
     widening = whole is not target
+    divide = np.asarray(scale, dtype=target.dtype) if scale > 0 and widening else None
     others = [(me + step) % size for step in range(1, size)]  # send to these ...
     sources = [(me - step) % size for step in range(1, size)]  # ... receive from these
     segments = segment_bounds(bounds[1] - bounds[0], -(-segment // _ALIGN) * _ALIGN)
@@ -193,6 +197,8 @@ def reduce_plan(
             x, y = part(rank, a, b)
             if y > x:
                 widen(whole[x:y], target[x:y])
+                if divide is not None:
+                    np.divide(target[x:y], divide, out=target[x:y])
 
     # The pipeline: segment s + 1's reduce-scatter is in flight while segment s is
     # folded and its all-gather starts; segment s - 1 is widened once it has arrived.

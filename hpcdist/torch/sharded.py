@@ -59,8 +59,8 @@ class ShardedReducer(Reducer):
         self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, strategy: Any,
         bucket_bytes: int, passes: int, overlap: bool, timeout_seconds: float | None, stage: str,
     ) -> None:
-        super().__init__(
-            optimizer, model, strategy, bucket_bytes, passes, overlap, timeout_seconds
+        super().__init__(  # one thread: its jobs (scatters, gathers) run in one order
+            optimizer, model, strategy, bucket_bytes, passes, overlap, timeout_seconds, lanes=1
         )
         self.stage = stage
         self.outer = optimizer

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hpcdist.collectives.mpi_backend import Call, Plan
-from hpcdist.collectives.mpi_reduce import message_ranges, reduce_calls
+from hpcdist.collectives.mpi_reduce import message_ranges, reduce_calls, summed_compressed
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.where import Where
+from hpcdist.collectives.wire16 import compression_dtype
 from hpcdist.runtime import mpi
 
 if TYPE_CHECKING:
@@ -73,12 +74,19 @@ def mpi_plan(
             for lo, hi in message_ranges(group.total, group.wire.itemsize, chunk):
                 yield Call("Allreduce", (src[lo:hi], buf[lo:hi], mpi_op))
         else:
-            session.pack_group(group, items, buf)
             half = group.wire.itemsize == 2 and group.wire.kind in "fV"
+            # a compressed group of one tensor is read from it (no copy into the buffer
+            # first), and its MEAN divided as the result is widened
+            compressed = summed_compressed(op, compression_dtype(opts.compression), group.wire)
+            source = source_view(group, items) if compressed else None
+            if source is None:
+                session.pack_group(group, items, buf)
+            scale = size if op is ReduceOp.MEAN and group.wire == np.float32 else 0
             yield from reduce_calls(
-                session.comm, buf, op, chunk, opts.compression, size if half else 0
+                session.comm, buf, op, chunk, opts.compression, size if half else 0,
+                source, scale,
             )
-            if half:  # 16-bit MEAN: divided in float32 before the one rounding
+            if half or scale:  # MEAN divided there (16-bit: in float32 before the one rounding)
                 out.append(buf)
                 continue
         if op is ReduceOp.MEAN and group.wire.kind == "f":
