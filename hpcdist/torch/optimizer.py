@@ -110,22 +110,23 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     if bytes_per_pack is not None and int(bytes_per_pack) <= 0:
         raise ValueError(f"bytes_per_pack is {bytes_per_pack!r}; expected a positive int or None")
     stage = check_sharding(shard)
-    if stage is not None and compression is not None:
+    if stage == "gradients" and compression is not None:
         raise ShardingError(
-            f"shard={stage!r} with compression={compression!r}: sharded optimizers send "
-            "full-precision gradients for now; use one of the two"
+            f"shard='gradients' with compression={compression!r}: ZeRO-2 reduce-scatters "
+            "full-precision gradients; compression works with shard='optimizer' (ZeRO-1, "
+            "whose gradients are all-reduced) or without sharding"
         )
+    wire = CommunicationOptions(compression=compression, compression_filter=compression_filter)
     if stage is not None:  # hpcdist.torch.sharded (registered below, imported by the package)
         args = (model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
-                int(backward_passes_per_step), overlap, timeout_seconds)
+                int(backward_passes_per_step), overlap, timeout_seconds, wire)
         return _SHARDED[0](optimizer, args, stage, model)
     cls = type(f"Distributed{type(optimizer).__name__}", (DistributedMixin, type(optimizer)), {})
     wrapped: DistributedMixin = object.__new__(cls)
     wrapped.__dict__ = optimizer.__dict__  # one optimizer, two views of it
     wrapped._hd = Reducer(
         optimizer, model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
-        int(backward_passes_per_step), overlap, timeout_seconds,
-        CommunicationOptions(compression=compression, compression_filter=compression_filter),
+        int(backward_passes_per_step), overlap, timeout_seconds, wire,
     )
     return wrapped
 
@@ -195,7 +196,7 @@ class Reducer:
         overlap: bool,
         timeout_seconds: float | None,
         compression: CommunicationOptions | None = None,
-        lanes: int = LANES,
+        lanes: int | None = None,
     ) -> None:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if model is not None:
@@ -230,6 +231,7 @@ class Reducer:
         self._active = False
         self._queue: queue.SimpleQueue[Bucket | None] | None = None
         self._lanes: list[queue.SimpleQueue[Bucket | None]] = []
+        lanes = LANES if lanes is None else lanes
         if not self._engine.parallel_lanes or any(p.device.type != "cpu" for p in params):
             lanes = 1  # (device arrays: NCCL communicators must not launch concurrently)
         if overlap and self._engine.size > 1:

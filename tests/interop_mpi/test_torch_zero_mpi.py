@@ -90,6 +90,39 @@ def test_sharded_adam_equals_unsharded_after_50_steps(stage: str) -> None:
         assert float(full["state"][i]["step"]) == float(entry["step"]) == 50.0
 
 
+def test_zero1_with_bf16_compression_equals_unsharded_with_it() -> None:
+    """ZeRO-1 all-reduces the gradients: compressed, they are the unsharded optimizer's
+    compressed averages, so the two train alike; ZeRO-2 with compression is refused."""
+    ref, net = _model(), _model()
+    ref_opt = hdt.DistributedOptimizer(
+        torch.optim.Adam(ref.parameters(), lr=1e-2), model=ref, bytes_per_pack=BUCKET,
+        compression="bf16",
+    )
+    opt = hdt.DistributedOptimizer(
+        torch.optim.Adam(net.parameters(), lr=1e-2), model=net, bytes_per_pack=BUCKET,
+        shard="optimizer", compression="bf16",
+    )
+    plain = _model()
+    plain_opt = hdt.DistributedOptimizer(
+        torch.optim.Adam(plain.parameters(), lr=1e-2), model=plain, bytes_per_pack=BUCKET
+    )
+    for step in range(20):
+        _step(ref, ref_opt, step)
+        _step(net, opt, step)
+        opt.wait_parameters()
+        _step(plain, plain_opt, step)
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        assert _rel(a.detach(), b.detach()) <= 1e-6
+    same = [torch.equal(a, c) for a, c in zip(net.parameters(), plain.parameters(), strict=True)]
+    if world().node_count > 1:  # compression is between nodes: it really was compressed
+        assert not all(same)
+    else:  # one node: nothing is compressed
+        assert all(same)
+    with pytest.raises(ShardingError, match="shard='optimizer'"):
+        hdt.DistributedOptimizer(torch.optim.Adam(_model().parameters()), shard="gradients",
+                                 compression="bf16")
+
+
 @pytest.mark.parametrize("stage", ["optimizer", "gradients"])
 def test_state_and_gradient_bytes_per_rank(stage: str) -> None:
     n = world().size
