@@ -42,7 +42,6 @@ from hpcdist.adapters import engine_for
 from hpcdist.collectives import CommunicationOptions, ReduceOp
 from hpcdist.collectives.choice import DEFAULT_BUCKET_BYTES
 from hpcdist.distribute.sharding import check_sharding
-from hpcdist.errors import ShardingError
 from hpcdist.observe import timeline
 
 #: Communication threads of an overlapping optimizer. Bucket ``k`` is reduced by thread
@@ -110,12 +109,6 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     if bytes_per_pack is not None and int(bytes_per_pack) <= 0:
         raise ValueError(f"bytes_per_pack is {bytes_per_pack!r}; expected a positive int or None")
     stage = check_sharding(shard)
-    if stage == "gradients" and compression is not None:
-        raise ShardingError(
-            f"shard='gradients' with compression={compression!r}: ZeRO-2 reduce-scatters "
-            "full-precision gradients; compression works with shard='optimizer' (ZeRO-1, "
-            "whose gradients are all-reduced) or without sharding"
-        )
     wire = CommunicationOptions(compression=compression, compression_filter=compression_filter)
     if stage is not None:  # hpcdist.torch.sharded (registered below, imported by the package)
         args = (model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,

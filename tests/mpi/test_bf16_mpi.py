@@ -266,6 +266,31 @@ def test_compressed_transport_sends_half_the_bytes(c) -> None:
     assert sent == 2 * (c.size - 1) * n * 4 // 2
 
 
+def test_compressed_reduce_scatter_is_the_allreduce_block_for_half_the_bytes(c) -> None:
+    """MPI's compressed reduce_scatter runs only the exchange's first half: this rank's
+    block of the compressed allreduce, bit for bit, over several pipeline segments."""
+    rng = np.random.default_rng(21)
+    n = 2 * c.size * wire16.SEGMENT + 777
+    inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(c.size)]
+    mine = inputs[c.rank]
+    opts = CommunicationOptions(implementation="MPI", compression="bf16")
+    for op in ("SUM", "MEAN"):
+        block = c.reduce_scatter(mine, op, opts)
+        assert c.last_algorithm == "mpi"
+        (whole,) = c.allreduce([mine], op, opts)
+        np.testing.assert_array_equal(block, np.array_split(whole, c.size)[c.rank])
+    np.testing.assert_array_equal(mine, inputs[c.rank])  # read, not written
+    comm = _CountingComm(mpi().COMM_WORLD)
+    bounds = np.cumsum([0] + [len(b) for b in np.array_split(mine, c.size)]).tolist()
+    out = np.empty(bounds[c.rank + 1] - bounds[c.rank], np.float32)
+    plan = wire16.reduce_plan(comm, mine, ReduceOp.SUM, BFLOAT16, BFLOAT16, out=out,
+                              bounds=bounds)
+    drive(comm, plan, None, "test")
+    np.testing.assert_array_equal(out, c.reduce_scatter(mine, "SUM", opts))
+    # every element goes once from each rank that does not own it: (size - 1) n 16-bit values
+    assert mpi().COMM_WORLD.allreduce(comm.sent) == (c.size - 1) * n * 2
+
+
 def test_ranks_disagreeing_on_compression_raise(c) -> None:
     opts = CommunicationOptions(implementation="MPI", compression="bf16" if c.rank else None)
     with pytest.raises(CollectiveMismatchError, match="compression"):
