@@ -60,27 +60,50 @@ def reduce_calls(
     bytes_per_pack: int,
     compression: str | None = None,
     divisor: int = 0,
+    source: np.ndarray | None = None,
+    scale: int = 0,
 ) -> Plan:
     """The MPI calls that reduce ``buf`` (1-D, contiguous) in place with ``op``.
 
     MEAN is summed, except for 16-bit floats with a ``divisor`` (divided before
-    the one rounding).
+    the one rounding). ``scale`` > 0 divides the float32 result by it (on the
+    compressed path segment by segment as it is widened: the same bits).
+    ``source`` (``buf``'s length and dtype): the values to reduce, read from
+    there by the compressed path (``buf`` only receives the result; other
+    paths copy them into ``buf`` first).
     """
+    size = comm.Get_size()
+    wire = compression_dtype(compression)
+    if wire is not None and summed_compressed(op, wire, buf.dtype) and size > 1 and buf.size:
+        values, out = (buf, None) if source is None else (source, buf)
+        yield from reduce_plan(comm, values, op, wire, wire, out=out, scale=scale)
+        return buf
+    if source is not None:
+        buf[...] = source
+    yield from _reduce_in_place(comm, buf, op, bytes_per_pack, divisor, size)
+    if scale > 0:
+        np.divide(buf, np.asarray(scale, dtype=buf.dtype), out=buf)
+    return buf
+
+
+def summed_compressed(op: ReduceOp, wire: np.dtype | None, dtype: np.dtype) -> bool:
+    """Whether ``dtype`` values are reduced as 16-bit ``wire`` values (float32 SUM, MEAN)."""
+    return wire is not None and dtype == np.float32 and op in (ReduceOp.SUM, ReduceOp.MEAN)
+
+
+def _reduce_in_place(
+    comm: Any, buf: np.ndarray, op: ReduceOp, bytes_per_pack: int, divisor: int, size: int
+) -> Plan:
     MPI = mpi()
     mpi_op = MPI.MIN if op is ReduceOp.MIN else MPI.MAX if op is ReduceOp.MAX else MPI.SUM
-    size = comm.Get_size()
     if size == 1 or buf.size == 0:
         if op is ReduceOp.MEAN and divisor > 1 and is_half(buf.dtype):
             yield from reduce_plan(comm, buf, op, buf.dtype, buf.dtype, divisor)
-        return buf
+        return
     summed = op in (ReduceOp.SUM, ReduceOp.MEAN)
     if summed and is_half(buf.dtype):
         yield from reduce_plan(comm, buf, op, buf.dtype, buf.dtype, divisor)
-        return buf
-    wire = compression_dtype(compression)
-    if summed and wire is not None and buf.dtype == np.float32:
-        yield from reduce_plan(comm, buf, op, wire, wire)  # the caller divides a MEAN
-        return buf
+        return
     work = buf.astype(np.float32) if is_half(buf.dtype) else buf
     exact = work.dtype.kind in "iub" or (size == 2 and op in (ReduceOp.SUM, ReduceOp.MEAN))
     for lo, hi in message_ranges(work.size, work.dtype.itemsize, bytes_per_pack):
@@ -95,4 +118,3 @@ def reduce_calls(
         yield Call("Bcast", (part, 0))
     if work is not buf:
         buf[...] = work  # rounded once, identically on every rank (same float32 bits)
-    return buf

@@ -125,8 +125,9 @@ class Session:
         host: the host operations device calls stage through (the engine's front).
     """
 
-    def __init__(self, comm: Any, host: HostPath) -> None:
+    def __init__(self, comm: Any, host: HostPath, lane: int = 0) -> None:
         self.comm = comm
+        self.lane = lane  # engines of other lanes may run at the same time (own node windows)
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
         self.host = host
@@ -172,7 +173,7 @@ class Session:
             largest = max(counts)
             window = None
             if largest > 1:
-                window = shared_window(node, choice.slot_bytes(largest), host_ranks)
+                window = shared_window(node, choice.slot_bytes(largest), host_ranks, self.lane)
             leaders = None
             if nodes > 1:
                 MPI = self.mpi

@@ -116,6 +116,8 @@ def reduce_plan(
     divisor: int = 0,
     out: np.ndarray | None = None,
     segment: int = SEGMENT,
+    scale: int = 0,
+    bounds: list[int] | None = None,
 ) -> Plan:
     """The MPI calls that reduce ``buf`` (1-D contiguous: float32, float16 or bfloat16)
     across ``comm``, sending ``send_dtype`` and rounding once to ``round_dtype``.
@@ -124,7 +126,12 @@ def reduce_plan(
     0: MEAN is summed, the caller divides). The result goes to ``out`` (same
     length, ``buf``'s or ``round_dtype``; default ``buf`` itself) and is returned.
     ``segment`` is the pipeline's step in elements of a chunk (the bits do not
-    depend on it). Example: see the module docstring.
+    depend on it). ``scale`` > 0 divides a float32 result by it after widening,
+    segment by segment (the bits of dividing the whole result afterwards: a
+    compressed MEAN). ``bounds`` (``size + 1`` element offsets): the chunks, and a
+    *reduce-scatter*: no all-gather, ``out`` is this rank's chunk only (default: the
+    aligned chunks of :func:`chunk_bounds`, and the whole result). Example: see the
+    module docstring.
     """
     size, me = comm.Get_size(), comm.Get_rank()
     target = buf if out is None else out
@@ -139,15 +146,29 @@ def reduce_plan(
     total = buf.shape[0]
     cast = buf.dtype != send_dtype
     send = _buffer("send", total, send_dtype) if cast else buf
-    bounds = chunk_bounds(total, size)
+    scatter_only = bounds is not None
+    if bounds is None:
+        bounds = chunk_bounds(total, size)
+    elif len(bounds) != size + 1 or bounds[0] != 0 or bounds[-1] != total:
+        raise ValueError(f"reduce_plan: bounds {bounds} do not cut {total} elements in {size}")
     lo, hi = bounds[me], bounds[me + 1]
+    longest = max(bounds[r + 1] - bounds[r] for r in range(size))
     recv = _buffer("recv", size * (hi - lo), send_dtype).reshape(size, hi - lo)
-    whole = target if target.dtype == round_dtype else _buffer("whole", total, round_dtype)
-    mine = whole[lo:hi]
+    if scatter_only:  # the result is this rank's chunk: ``target`` holds it alone
+        target = target[lo:hi] if out is None else target
+        if target.shape[0] != hi - lo:
+            raise ValueError(f"reduce_plan: out has {target.shape[0]} elements; expected "
+                             f"this rank's chunk of {hi - lo}")
+        whole = target if target.dtype == round_dtype else _buffer("whole", hi - lo, round_dtype)
+        mine = whole
+    else:
+        whole = target if target.dtype == round_dtype else _buffer("whole", total, round_dtype)
+        mine = whole[lo:hi]
     widening = whole is not target
+    divide = np.asarray(scale, dtype=target.dtype) if scale > 0 and widening else None
     others = [(me + step) % size for step in range(1, size)]  # send to these ...
     sources = [(me - step) % size for step in range(1, size)]  # ... receive from these
-    segments = segment_bounds(bounds[1] - bounds[0], -(-segment // _ALIGN) * _ALIGN)
+    segments = segment_bounds(longest, -(-segment // _ALIGN) * _ALIGN)
 
     def part(rank: int, a: int, b: int) -> tuple[int, int]:  # segment [a, b) of rank's chunk
         return min(bounds[rank] + a, bounds[rank + 1]), min(bounds[rank] + b, bounds[rank + 1])
@@ -179,6 +200,10 @@ def reduce_plan(
         x, y = part(me, a, b)
         if y > x:
             fold_rows16(recv[:, x - lo : y - lo], mine[x - lo : y - lo], code, divisor)
+        if scatter_only:
+            if widening and y > x:
+                _widen(whole[x - lo : y - lo], target[x - lo : y - lo])
+            return []
         requests = []
         for src in sources:
             u, v = part(src, a, b)
@@ -188,11 +213,18 @@ def reduce_plan(
             requests += [comm.Isend(_bytes(whole[x:y]), dst, TAG_GATHER) for dst in others]
         return requests
 
+    def _widen(half: np.ndarray, into: np.ndarray) -> None:
+        widen(half, into)
+        if divide is not None:
+            np.divide(into, divide, out=into)
+
     def widened(a: int, b: int) -> None:  # segment [a, b) of every chunk, into the target
+        if scatter_only:
+            return  # (widened as folded)
         for rank in range(size):
             x, y = part(rank, a, b)
             if y > x:
-                widen(whole[x:y], target[x:y])
+                _widen(whole[x:y], target[x:y])
 
     # The pipeline: segment s + 1's reduce-scatter is in flight while segment s is
     # folded and its all-gather starts; segment s - 1 is widened once it has arrived.

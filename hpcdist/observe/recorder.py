@@ -92,6 +92,10 @@ def _capacity() -> int:
         return DEFAULT_SIZE
 
 
+class _OpenRecord(threading.local):
+    record: list[Any] | None = None
+
+
 class FlightRecorder:
     """A ring of the last ``capacity`` collective records of this process.
 
@@ -101,7 +105,7 @@ class FlightRecorder:
     Example: ``rec = FlightRecorder(8); rec.begin("0/2", 1, "barrier()", 0, None); rec.end()``.
     """
 
-    __slots__ = ("capacity", "on", "rank", "size", "last_dump", "_slots", "_next", "_open")
+    __slots__ = ("capacity", "on", "rank", "size", "last_dump", "_slots", "_next", "_here")
 
     def __init__(self, capacity: int = DEFAULT_SIZE) -> None:
         self.capacity = int(capacity)
@@ -112,7 +116,9 @@ class FlightRecorder:
         # Each record: [comm, seq, what, bytes, algorithm, start, end (0.0: open)].
         self._slots: list[list[Any] | None] = [None] * self.capacity
         self._next = 0
-        self._open: list[Any] | None = None
+        #: Per thread, the record its running collective has open: engines of different
+        #: lanes run collectives at the same time (hpcdist.torch's communication threads).
+        self._here = _OpenRecord()
 
     def begin(self, comm: str, seq: int, call: Any, algorithm: str | None) -> None:
         """Open the record of collective ``seq`` on communicator ``comm``.
@@ -123,15 +129,16 @@ class FlightRecorder:
         Example: ``rec.begin("0/4", 7, "allreduce(op=SUM, [float32(4,)])", "shm")``.
         """
         i = self._next
-        self._slots[i] = self._open = [comm, seq, call, algorithm, _clock(), 0.0]
+        self._slots[i] = self._here.record = [comm, seq, call, algorithm, _clock(), 0.0]
         self._next = (i + 1) % self.capacity
 
     def end(self) -> None:
         """Close the open record (the collective completed). Example: ``rec.end()``."""
-        record = self._open
+        here = self._here
+        record = here.record
         if record is not None:
             record[5] = _clock()
-            self._open = None
+            here.record = None
             if timeline.active:
                 timeline.collective(record)
 
@@ -216,10 +223,11 @@ def recorded(method: F) -> F:
         except (CollectiveTimeoutError, CollectiveMismatchError) as err:
             recorder.failed(err)
             raise
-        record = recorder._open  # (what end() does, inline: this runs on every collective)
+        here = recorder._here  # (what end() does, inline: this runs on every collective)
+        record = here.record
         if record is not None:
             record[5] = _clock()
-            recorder._open = None
+            here.record = None
             if timeline.active:
                 timeline.collective(record)
         return out
@@ -232,7 +240,7 @@ def dump_now(reason: str) -> str | None:
 
     Example: ``dump_now("abort")`` before ``MPI_Abort``.
     """
-    if RECORDER._open is None and not any(RECORDER._slots):
+    if not any(RECORDER._slots):
         return None
     if reason == "abort" and RECORDER.last_dump is not None:
         return RECORDER.last_dump  # the error's own dump (with its reason) says it all

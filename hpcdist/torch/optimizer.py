@@ -42,8 +42,14 @@ from hpcdist.adapters import engine_for
 from hpcdist.collectives import CommunicationOptions, ReduceOp
 from hpcdist.collectives.choice import DEFAULT_BUCKET_BYTES
 from hpcdist.distribute.sharding import check_sharding
-from hpcdist.errors import ShardingError
 from hpcdist.observe import timeline
+
+#: Communication threads of an overlapping optimizer. Bucket ``k`` is reduced by thread
+#: ``k mod LANES``, each over its own duplicate of the communicator (so every rank runs
+#: the same collectives in the same order on each), so that while one bucket is on the
+#: wire the thread before it finishes the last one (its float32 widening, the MEAN
+#: division, the copy back into the gradients) instead of leaving the link idle.
+LANES = 2
 
 
 def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horovod)
@@ -103,22 +109,17 @@ def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horo
     if bytes_per_pack is not None and int(bytes_per_pack) <= 0:
         raise ValueError(f"bytes_per_pack is {bytes_per_pack!r}; expected a positive int or None")
     stage = check_sharding(shard)
-    if stage is not None and compression is not None:
-        raise ShardingError(
-            f"shard={stage!r} with compression={compression!r}: sharded optimizers send "
-            "full-precision gradients for now; use one of the two"
-        )
+    wire = CommunicationOptions(compression=compression, compression_filter=compression_filter)
     if stage is not None:  # hpcdist.torch.sharded (registered below, imported by the package)
         args = (model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
-                int(backward_passes_per_step), overlap, timeout_seconds)
+                int(backward_passes_per_step), overlap, timeout_seconds, wire)
         return _SHARDED[0](optimizer, args, stage, model)
     cls = type(f"Distributed{type(optimizer).__name__}", (DistributedMixin, type(optimizer)), {})
     wrapped: DistributedMixin = object.__new__(cls)
     wrapped.__dict__ = optimizer.__dict__  # one optimizer, two views of it
     wrapped._hd = Reducer(
         optimizer, model, strategy, bytes_per_pack or DEFAULT_BUCKET_BYTES,
-        int(backward_passes_per_step), overlap, timeout_seconds,
-        CommunicationOptions(compression=compression, compression_filter=compression_filter),
+        int(backward_passes_per_step), overlap, timeout_seconds, wire,
     )
     return wrapped
 
@@ -188,6 +189,7 @@ class Reducer:
         overlap: bool,
         timeout_seconds: float | None,
         compression: CommunicationOptions | None = None,
+        lanes: int | None = None,
     ) -> None:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if model is not None:
@@ -221,14 +223,23 @@ class Reducer:
         self._next = 0  # the next bucket to start
         self._active = False
         self._queue: queue.SimpleQueue[Bucket | None] | None = None
+        self._lanes: list[queue.SimpleQueue[Bucket | None]] = []
+        lanes = LANES if lanes is None else lanes
+        if not self._engine.parallel_lanes or any(p.device.type != "cpu" for p in params):
+            lanes = 1  # (device arrays: NCCL communicators must not launch concurrently)
         if overlap and self._engine.size > 1:
-            self._queue = queue.SimpleQueue()
-            thread = threading.Thread(
-                target=_serve, args=(self._queue, self._engine, self._options),
-                name="hpcdist-torch-comm", daemon=True,
-            )
-            thread.start()
-            weakref.finalize(self, self._queue.put, None)  # the thread ends with the optimizer
+            engines = [self._engine] + [engine_for(self._engine, private=True, lane=k)
+                                        for k in range(1, min(lanes, len(self._buckets)))]
+            for k, engine in enumerate(engines):
+                jobs: queue.SimpleQueue[Bucket | None] = queue.SimpleQueue()
+                thread = threading.Thread(
+                    target=_serve, args=(jobs, engine, self._options),
+                    name=f"hpcdist-torch-comm-{k}", daemon=True,
+                )
+                thread.start()
+                weakref.finalize(self, jobs.put, None)  # the thread ends with the optimizer
+                self._lanes.append(jobs)
+            self._queue = self._lanes[0]
 
     def in_flight(self) -> bool:
         return self._active
@@ -252,8 +263,8 @@ class Reducer:
         for p in bucket.params:
             if p.grad is None:  # unused in this step: it takes part with a zero gradient
                 p.grad = torch.zeros_like(p)
-        if self._queue is not None:
-            self._queue.put(bucket)
+        if self._lanes:  # bucket k on lane k mod lanes: the same order on every rank
+            self._lanes[self._next % len(self._lanes)].put(bucket)
         else:
             _reduce(self._engine, self._options, bucket)
 

@@ -42,7 +42,7 @@ import torch
 
 from hpcdist.arrays import import_array
 from hpcdist.checkpoint import sharded as fmt
-from hpcdist.collectives import ReduceOp
+from hpcdist.collectives import CommunicationOptions, ReduceOp
 from hpcdist.distribute.sharding import FlatShardLayout, Segment
 from hpcdist.errors import ShardingError
 from hpcdist.torch.optimizer import Bucket, DistributedMixin, Reducer, register_sharded
@@ -57,10 +57,12 @@ class ShardedReducer(Reducer):
 
     def __init__(
         self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, strategy: Any,
-        bucket_bytes: int, passes: int, overlap: bool, timeout_seconds: float | None, stage: str,
+        bucket_bytes: int, passes: int, overlap: bool, timeout_seconds: float | None,
+        compression: CommunicationOptions | None = None, *, stage: str,
     ) -> None:
-        super().__init__(
-            optimizer, model, strategy, bucket_bytes, passes, overlap, timeout_seconds
+        super().__init__(  # one thread: its jobs (scatters, gathers) run in one order
+            optimizer, model, strategy, bucket_bytes, passes, overlap, timeout_seconds,
+            compression, lanes=1,
         )
         self.stage = stage
         self.outer = optimizer
@@ -429,7 +431,7 @@ def _brief(d: Any) -> str:
 
 @register_sharded
 def wrap(optimizer: torch.optim.Optimizer,
-         reducer_args: tuple[Any, Any, int, int, bool, float | None], stage: str,
+         reducer_args: tuple[Any, Any, int, int, bool, float | None, Any], stage: str,
          model: torch.nn.Module | None) -> torch.optim.Optimizer:
     """``optimizer`` seen as a sharded distributed optimizer of its class."""
     cls = type(f"Distributed{type(optimizer).__name__}", (_Sharded, type(optimizer)), {})

@@ -181,6 +181,26 @@ def test_compressed_mpi_allreduce(c, compression) -> None:
     np.testing.assert_array_equal(mean, got / np.float32(c.size))
 
 
+def test_compressed_one_tensor_is_read_in_place_and_divided_segment_by_segment(c) -> None:
+    """A compressed one-tensor call reads the caller's array (never writing it unless it
+    is ``out``) and divides a MEAN as each pipeline segment is widened: the bits of the
+    whole sum divided afterwards, over several segments."""
+    rng = np.random.default_rng(12)
+    n = 2 * c.size * wire16.SEGMENT + 1001  # several segments per chunk, a short last one
+    inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(c.size)]
+    opts = CommunicationOptions(implementation="MPI", compression="bf16")
+    mine = inputs[c.rank].copy()
+    (summed,) = c.allreduce([mine], "SUM", opts)
+    np.testing.assert_array_equal(mine, inputs[c.rank])  # read, not written
+    np.testing.assert_array_equal(summed, _compressed_reference(inputs, BFLOAT16))
+    (mean,) = c.allreduce([mine], "MEAN", opts)
+    np.testing.assert_array_equal(mine, inputs[c.rank])
+    np.testing.assert_array_equal(mean, summed / np.float32(c.size))
+    c.allreduce([mine], "MEAN", opts, out=[mine])  # in place
+    np.testing.assert_array_equal(mine, mean)
+    _assert_same_bits_everywhere([mean])
+
+
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_compressed_close_to_exact_everywhere(c, implementation) -> None:
     """Every route: within bf16's rounding of the float32 result, the same bits on every rank."""
@@ -240,9 +260,35 @@ def test_compressed_transport_sends_half_the_bytes(c) -> None:
     buf = np.ones(n, np.float32)
     drive(comm, wire16.reduce_plan(comm, buf, ReduceOp.SUM, BFLOAT16, BFLOAT16), None, "test")
     np.testing.assert_array_equal(buf, np.full(n, float(c.size)))
-    # reduce-scatter and all-gather of float32 would send 2 (size - 1) / size * n * 4 bytes
-    float32_bytes = 2 * (c.size - 1) * n * 4 // c.size
-    assert comm.sent == float32_bytes // 2
+    # a reduce-scatter and all-gather of float32 send 2 (size - 1) * n * 4 bytes in all
+    # (each rank 1/size of it when the chunks are equal: not at 3 ranks, where they are aligned)
+    sent = mpi().COMM_WORLD.allreduce(comm.sent)
+    assert sent == 2 * (c.size - 1) * n * 4 // 2
+
+
+def test_compressed_reduce_scatter_is_the_allreduce_block_for_half_the_bytes(c) -> None:
+    """MPI's compressed reduce_scatter runs only the exchange's first half: this rank's
+    block of the compressed allreduce, bit for bit, over several pipeline segments."""
+    rng = np.random.default_rng(21)
+    n = 2 * c.size * wire16.SEGMENT + 777
+    inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(c.size)]
+    mine = inputs[c.rank]
+    opts = CommunicationOptions(implementation="MPI", compression="bf16")
+    for op in ("SUM", "MEAN"):
+        block = c.reduce_scatter(mine, op, opts)
+        assert c.last_algorithm == "mpi"
+        (whole,) = c.allreduce([mine], op, opts)
+        np.testing.assert_array_equal(block, np.array_split(whole, c.size)[c.rank])
+    np.testing.assert_array_equal(mine, inputs[c.rank])  # read, not written
+    comm = _CountingComm(mpi().COMM_WORLD)
+    bounds = np.cumsum([0] + [len(b) for b in np.array_split(mine, c.size)]).tolist()
+    out = np.empty(bounds[c.rank + 1] - bounds[c.rank], np.float32)
+    plan = wire16.reduce_plan(comm, mine, ReduceOp.SUM, BFLOAT16, BFLOAT16, out=out,
+                              bounds=bounds)
+    drive(comm, plan, None, "test")
+    np.testing.assert_array_equal(out, c.reduce_scatter(mine, "SUM", opts))
+    # every element goes once from each rank that does not own it: (size - 1) n 16-bit values
+    assert mpi().COMM_WORLD.allreduce(comm.sent) == (c.size - 1) * n * 2
 
 
 def test_ranks_disagreeing_on_compression_raise(c) -> None:

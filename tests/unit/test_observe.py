@@ -30,6 +30,30 @@ def test_the_ring_keeps_the_last_n_records_oldest_first():
     assert got[0]["start"] <= got[0]["end"] <= got[1]["start"] and got[2]["end"] is None
 
 
+def test_collectives_of_two_threads_each_close_their_own_record():
+    import threading
+
+    rec = recorder.FlightRecorder(8)
+    opened, closing = threading.Event(), threading.Event()
+
+    def other() -> None:  # another lane's collective: opened first, closed last
+        rec.begin("1/2", 1, "allreduce(op=SUM, [float32(8,)])", "mpi")
+        opened.set()
+        closing.wait(5)
+        rec.end()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    opened.wait(5)
+    rec.begin("0/2", 1, "allreduce(op=SUM, [float32(4,)])", "mpi")
+    rec.end()  # closes this thread's record only
+    mine, theirs = sorted(rec.records(), key=lambda r: r["comm"])
+    assert mine["done"] and not theirs["done"]
+    closing.set()
+    thread.join(5)
+    assert all(r["done"] for r in rec.records())
+
+
 def test_a_dump_is_json_with_rank_job_and_records(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_STEP_ID", "2")

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hpcdist.collectives.mpi_backend import Call, Plan
-from hpcdist.collectives.mpi_reduce import message_ranges, reduce_calls
+from hpcdist.collectives.mpi_reduce import message_ranges, reduce_calls, summed_compressed
 from hpcdist.collectives.ops import ReduceOp
 from hpcdist.collectives.options import CommunicationOptions
 from hpcdist.collectives.where import Where
+from hpcdist.collectives.wire16 import compression_dtype, reduce_plan
 from hpcdist.runtime import mpi
 
 if TYPE_CHECKING:
@@ -73,12 +74,19 @@ def mpi_plan(
             for lo, hi in message_ranges(group.total, group.wire.itemsize, chunk):
                 yield Call("Allreduce", (src[lo:hi], buf[lo:hi], mpi_op))
         else:
-            session.pack_group(group, items, buf)
             half = group.wire.itemsize == 2 and group.wire.kind in "fV"
+            # a compressed group of one tensor is read from it (no copy into the buffer
+            # first), and its MEAN divided as the result is widened
+            compressed = summed_compressed(op, compression_dtype(opts.compression), group.wire)
+            source = source_view(group, items) if compressed else None
+            if source is None:
+                session.pack_group(group, items, buf)
+            scale = size if op is ReduceOp.MEAN and group.wire == np.float32 else 0
             yield from reduce_calls(
-                session.comm, buf, op, chunk, opts.compression, size if half else 0
+                session.comm, buf, op, chunk, opts.compression, size if half else 0,
+                source, scale,
             )
-            if half:  # 16-bit MEAN: divided in float32 before the one rounding
+            if half or scale:  # MEAN divided there (16-bit: in float32 before the one rounding)
                 out.append(buf)
                 continue
         if op is ReduceOp.MEAN and group.wire.kind == "f":
@@ -105,6 +113,27 @@ class SlicedScatter:
         return block
 
 
+def scatter_plan(
+    session: Session,
+    items: Sequence[np.ndarray],
+    layout: Layout,
+    opts: CommunicationOptions,
+    bounds: Sequence[int],
+    check: Any,
+) -> Plan:
+    """A compressed reduce-scatter of the one float32 tensor of ``layout``: only the
+    reduce-scatter half of the compressed exchange (half its bytes), this rank's block."""
+    if check:
+        yield from session.agreement(check)
+    group = layout.groups[0]
+    wire, values = compression_dtype(opts.compression), source_view(group, items)
+    assert wire is not None and values is not None  # (compressed one-tensor calls only)
+    block = np.empty(bounds[session.rank + 1] - bounds[session.rank], group.wire)
+    scale = session.size if layout.op is ReduceOp.MEAN else 0
+    return (yield from reduce_plan(session.comm, values, layout.op, wire, wire, out=block,
+                                   scale=scale, bounds=list(bounds)))
+
+
 class MpiAllreduce(SlicedScatter):
     """Buffer-mode MPI on the communicator; applies to every host call."""
 
@@ -113,6 +142,29 @@ class MpiAllreduce(SlicedScatter):
     def applies(self, where: Where) -> bool:
         """Every host call: the fallback at the end of the registry."""
         return not where.device
+
+    def reduce_scatter(
+        self,
+        session: Session,
+        items: Sequence[np.ndarray],
+        layout: Layout,
+        opts: CommunicationOptions,
+        bounds: Sequence[int],
+    ) -> np.ndarray:
+        """Compressed float32 SUM and MEAN: the compressed exchange's reduce-scatter half
+        (16-bit values on the wire, float32 sums); other calls slice the allreduce."""
+        group = layout.groups[0]
+        wire = compression_dtype(opts.compression)
+        if session.size == 1 or not summed_compressed(layout.op, wire, group.wire) or (
+            len(group.members) != 1
+        ):
+            return super().reduce_scatter(session, items, layout, opts, bounds)
+        what = session.describe(layout)
+        block: np.ndarray = session.run_agreed(
+            layout, opts, what,
+            lambda check: scatter_plan(session, items, layout, opts, bounds, check),
+        )
+        return block
 
     def allreduce(
         self,
