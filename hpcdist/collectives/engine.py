@@ -85,10 +85,8 @@ class Collectives:
             node's shared window, which engines over the same ranks share.
         options: default :class:`CommunicationOptions`; options passed to a
             call are merged over them.
-        lane: engines of different lanes may run collectives at the same time,
-            each from its own thread and over its own communicator (each lane
-            maps node windows of its own); engines of one lane share them, so
-            must not (default 0).
+        lane: engines of different lanes (own node windows) may run at the same
+            time, each from its own thread over its own communicator (default 0).
 
     Results are new arrays (never the inputs; arrays of one call may share
     one buffer), with the inputs' shapes and dtypes (MEAN of integers:
@@ -101,9 +99,7 @@ class Collectives:
     checked mode needs. Use an engine from one thread at a time.
     """
 
-    #: Whether engines of this class may run on several lanes at once (a subclass whose
-    #: calls all pass through one negotiator shared by its instances says ``False``).
-    parallel_lanes = True
+    parallel_lanes = True  #: False: a subclass whose instances share one negotiator
 
     def __init__(
         self, comm: Any = None, options: CommunicationOptions | None = None, *, lane: int = 0
@@ -118,8 +114,6 @@ class Collectives:
             raise TypeError(
                 f"options is {options!r}; expected hpcdist.CommunicationOptions or None"
             )
-        if isinstance(lane, bool) or not isinstance(lane, int) or lane < 0:
-            raise TypeError(f"lane is {lane!r}; expected an int >= 0")
         self._session = Session(comm, self, lane)
         self._layouts = self._session.layouts  # (read here first: the hot path's one lookup)
         self._rank = self._session.rank

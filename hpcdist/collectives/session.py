@@ -126,6 +126,8 @@ class Session:
     """
 
     def __init__(self, comm: Any, host: HostPath, lane: int = 0) -> None:
+        if isinstance(lane, bool) or not isinstance(lane, int) or lane < 0:
+            raise TypeError(f"lane is {lane!r}; expected an int >= 0")
         self.comm = comm
         self.lane = lane  # engines of other lanes may run at the same time (own node windows)
         self.rank = int(comm.Get_rank())

@@ -230,6 +230,13 @@ class Reducer:
         if overlap and self._engine.size > 1:
             engines = [self._engine] + [engine_for(self._engine, private=True, lane=k)
                                         for k in range(1, min(lanes, len(self._buckets)))]
+            if len(engines) > 1:
+                # Each engine maps its shared windows on its first collective, and MPI
+                # frees windows at exit in the order they were made: made by the lanes'
+                # threads, the order could differ between ranks and hang MPI_Finalize.
+                # A barrier on each, here, in lane order, makes them in one order.
+                for engine in engines:
+                    engine.barrier(self._options)
             for k, engine in enumerate(engines):
                 jobs: queue.SimpleQueue[Bucket | None] = queue.SimpleQueue()
                 thread = threading.Thread(

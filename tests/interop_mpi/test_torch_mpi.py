@@ -94,9 +94,18 @@ def test_buckets_alternate_between_the_communication_threads(monkeypatch) -> Non
         reduce(engine, options, bucket)
 
     monkeypatch.setattr(module, "_reduce", noting)
+    from hpcdist.collectives import shm
+
     reference, model = _model(), _model()
     _train(reference, _optimizer(reference, "adam"), 0, 1, 1)
     opt = hdt.DistributedOptimizer(_optimizer(model, "adam"), model=model, bytes_per_pack=256)
+    # each lane's windows exist now (made on this thread, in lane order, unless an earlier
+    # engine of that lane made them), in the same order on every rank: MPI_Finalize frees
+    # them in it, and an order made by the lanes' threads could differ and hang it
+    made = [(slot_bytes, lane) for _members, slot_bytes, lane in shm._WINDOWS]
+    if w.size // w.node_count > 1:  # (windows are for nodes of several ranks)
+        assert {lane for _, lane in made} >= {0, 1}
+    assert w.comm.allgather(made) == [made] * w.size
     buckets = len(opt._hd._buckets)
     assert buckets >= module.LANES == 2
     _train(model, opt, w.rank, w.size, 1)
