@@ -21,7 +21,7 @@ from hpcdist.runtime import mpi, world
 _WORLD: list[Collectives] = []
 
 
-def engine_for(strategy: Any = None, private: bool = False, lane: int = 0) -> Collectives:
+def engine_for(strategy: Any = None, private: bool = False) -> Collectives:
     """The collectives engine over the workers of ``strategy`` (default: the current one).
 
     ``strategy`` may also be a :class:`~hpcdist.collectives.Collectives` engine
@@ -29,9 +29,7 @@ def engine_for(strategy: Any = None, private: bool = False, lane: int = 0) -> Co
 
     Outside any strategy scope (the default strategy) this is every rank of
     the MPI world. ``private=True`` gives a new engine over a duplicate of
-    the communicator, for a thread that runs collectives of its own; one
-    that runs them *while* another engine's run (from yet another thread)
-    needs a ``lane`` of its own (see :class:`~hpcdist.collectives.Collectives`).
+    the communicator, for a thread that runs collectives of its own.
 
     Example: ``engine_for(hd.MultiWorkerMirroredStrategy()).size``.
     """
@@ -56,5 +54,5 @@ def engine_for(strategy: Any = None, private: bool = False, lane: int = 0) -> Co
                 "hd.MultiWorkerMirroredStrategy() and start one rank per device"
             )
     if private:
-        return type(engine)(engine.comm.Dup(), engine.options, lane=lane)
+        return type(engine)(engine.comm.Dup(), engine.options)
     return engine

@@ -85,8 +85,6 @@ class Collectives:
             node's shared window, which engines over the same ranks share.
         options: default :class:`CommunicationOptions`; options passed to a
             call are merged over them.
-        lane: engines of different lanes (own node windows) may run at the same
-            time, each from its own thread over its own communicator (default 0).
 
     Results are new arrays (never the inputs; arrays of one call may share
     one buffer), with the inputs' shapes and dtypes (MEAN of integers:
@@ -99,11 +97,7 @@ class Collectives:
     checked mode needs. Use an engine from one thread at a time.
     """
 
-    parallel_lanes = True  #: False: a subclass whose instances share one negotiator
-
-    def __init__(
-        self, comm: Any = None, options: CommunicationOptions | None = None, *, lane: int = 0
-    ) -> None:
+    def __init__(self, comm: Any = None, options: CommunicationOptions | None = None) -> None:
         if comm is None:
             comm = world().comm
         if not (hasattr(comm, "Get_rank") and hasattr(comm, "Get_size")):
@@ -114,7 +108,7 @@ class Collectives:
             raise TypeError(
                 f"options is {options!r}; expected hpcdist.CommunicationOptions or None"
             )
-        self._session = Session(comm, self, lane)
+        self._session = Session(comm, self)
         self._layouts = self._session.layouts  # (read here first: the hot path's one lookup)
         self._rank = self._session.rank
         self._size = self._session.size

@@ -125,11 +125,8 @@ class Session:
         host: the host operations device calls stage through (the engine's front).
     """
 
-    def __init__(self, comm: Any, host: HostPath, lane: int = 0) -> None:
-        if isinstance(lane, bool) or not isinstance(lane, int) or lane < 0:
-            raise TypeError(f"lane is {lane!r}; expected an int >= 0")
+    def __init__(self, comm: Any, host: HostPath) -> None:
         self.comm = comm
-        self.lane = lane  # engines of other lanes may run at the same time (own node windows)
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
         self.host = host
@@ -175,7 +172,7 @@ class Session:
             largest = max(counts)
             window = None
             if largest > 1:
-                window = shared_window(node, choice.slot_bytes(largest), host_ranks, self.lane)
+                window = shared_window(node, choice.slot_bytes(largest), host_ranks)
             leaders = None
             if nodes > 1:
                 MPI = self.mpi

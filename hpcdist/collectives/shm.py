@@ -233,15 +233,12 @@ def node_comm_of(comm: Any) -> tuple[Any, int]:
     return shared, host_ranks
 
 
-def shared_window(
-    node_comm: Any, slot_bytes: int, host_ranks: int | None = None, lane: int = 0
-) -> NodeWindow:
+def shared_window(node_comm: Any, slot_bytes: int, host_ranks: int | None = None) -> NodeWindow:
     """The node window for the ranks of ``node_comm``, created on first use (collective).
 
-    Engines of one ``lane`` whose node communicators hold the same world ranks
-    share one window (and its sequence of barriers), which is safe because
-    every rank issues their collectives in one order; engines of another lane
-    (run at the same time, from another thread) get windows of their own.
+    Engines whose node communicators hold the same world ranks share one
+    window (and its sequence of barriers), which is safe because every rank
+    issues collectives in one order.
     """
     MPI = mpi()
     group = node_comm.Get_group()
@@ -249,7 +246,7 @@ def shared_window(
     members = tuple(group.Translate_ranks(list(range(group.Get_size())), everyone))
     group.Free()
     everyone.Free()
-    key = (members, slot_bytes, lane)
+    key = (members, slot_bytes)
     window = _WINDOWS.get(key)
     if window is None:
         window = _WINDOWS[key] = NodeWindow(node_comm, slot_bytes, host_ranks)

@@ -116,8 +116,9 @@ class FlightRecorder:
         # Each record: [comm, seq, what, bytes, algorithm, start, end (0.0: open)].
         self._slots: list[list[Any] | None] = [None] * self.capacity
         self._next = 0
-        #: Per thread, the record its running collective has open: engines of different
-        #: lanes run collectives at the same time (hpcdist.torch's communication threads).
+        #: Per thread, the record its running collective has open: engines over different
+        #: communicators may run collectives at the same time from different threads
+        #: (hpcdist.horovod's runners: the script's calls and an optimizer's buckets).
         self._here = _OpenRecord()
 
     def begin(self, comm: str, seq: int, call: Any, algorithm: str | None) -> None:

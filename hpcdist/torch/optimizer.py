@@ -44,13 +44,6 @@ from hpcdist.collectives.choice import DEFAULT_BUCKET_BYTES
 from hpcdist.distribute.sharding import check_sharding
 from hpcdist.observe import timeline
 
-#: Communication threads of an overlapping optimizer. Bucket ``k`` is reduced by thread
-#: ``k mod LANES``, each over its own duplicate of the communicator (so every rank runs
-#: the same collectives in the same order on each), so that while one bucket is on the
-#: wire the thread before it finishes the last one (its float32 widening, the MEAN
-#: division, the copy back into the gradients) instead of leaving the link idle.
-LANES = 2
-
 
 def DistributedOptimizer(  # noqa: N802  (a class-like factory, named as in Horovod)
     optimizer: torch.optim.Optimizer,
@@ -189,7 +182,6 @@ class Reducer:
         overlap: bool,
         timeout_seconds: float | None,
         compression: CommunicationOptions | None = None,
-        lanes: int | None = None,
     ) -> None:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if model is not None:
@@ -223,30 +215,14 @@ class Reducer:
         self._next = 0  # the next bucket to start
         self._active = False
         self._queue: queue.SimpleQueue[Bucket | None] | None = None
-        self._lanes: list[queue.SimpleQueue[Bucket | None]] = []
-        lanes = LANES if lanes is None else lanes
-        if not self._engine.parallel_lanes or any(p.device.type != "cpu" for p in params):
-            lanes = 1  # (device arrays: NCCL communicators must not launch concurrently)
         if overlap and self._engine.size > 1:
-            engines = [self._engine] + [engine_for(self._engine, private=True, lane=k)
-                                        for k in range(1, min(lanes, len(self._buckets)))]
-            if len(engines) > 1:
-                # Each engine maps its shared windows on its first collective, and MPI
-                # frees windows at exit in the order they were made: made by the lanes'
-                # threads, the order could differ between ranks and hang MPI_Finalize.
-                # A barrier on each, here, in lane order, makes them in one order.
-                for engine in engines:
-                    engine.barrier(self._options)
-            for k, engine in enumerate(engines):
-                jobs: queue.SimpleQueue[Bucket | None] = queue.SimpleQueue()
-                thread = threading.Thread(
-                    target=_serve, args=(jobs, engine, self._options),
-                    name=f"hpcdist-torch-comm-{k}", daemon=True,
-                )
-                thread.start()
-                weakref.finalize(self, jobs.put, None)  # the thread ends with the optimizer
-                self._lanes.append(jobs)
-            self._queue = self._lanes[0]
+            self._queue = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=_serve, args=(self._queue, self._engine, self._options),
+                name="hpcdist-torch-comm", daemon=True,
+            )
+            thread.start()
+            weakref.finalize(self, self._queue.put, None)  # the thread ends with the optimizer
 
     def in_flight(self) -> bool:
         return self._active
@@ -270,8 +246,8 @@ class Reducer:
         for p in bucket.params:
             if p.grad is None:  # unused in this step: it takes part with a zero gradient
                 p.grad = torch.zeros_like(p)
-        if self._lanes:  # bucket k on lane k mod lanes: the same order on every rank
-            self._lanes[self._next % len(self._lanes)].put(bucket)
+        if self._queue is not None:
+            self._queue.put(bucket)
         else:
             _reduce(self._engine, self._options, bucket)
 

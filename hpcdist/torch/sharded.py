@@ -60,9 +60,9 @@ class ShardedReducer(Reducer):
         bucket_bytes: int, passes: int, overlap: bool, timeout_seconds: float | None,
         compression: CommunicationOptions | None = None, *, stage: str,
     ) -> None:
-        super().__init__(  # one thread: its jobs (scatters, gathers) run in one order
+        super().__init__(
             optimizer, model, strategy, bucket_bytes, passes, overlap, timeout_seconds,
-            compression, lanes=1,
+            compression,
         )
         self.stage = stage
         self.outer = optimizer

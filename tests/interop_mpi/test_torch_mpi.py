@@ -78,43 +78,6 @@ def test_equivalence_with_one_process(kind, passes, overlap) -> None:
         assert torch.allclose(p, q, rtol=0, atol=1e-9), (p - q).abs().max()
 
 
-def test_buckets_alternate_between_the_communication_threads(monkeypatch) -> None:
-    import threading
-
-    import hpcdist.torch.optimizer as module
-
-    w = world()
-    if w.size < 2:
-        pytest.skip("one rank reduces on the calling thread (nothing to overlap)")
-    seen: list[tuple[int, str]] = []  # (bucket, the thread that reduced it)
-    reduce = module._reduce
-
-    def noting(engine, options, bucket) -> None:
-        seen.append((opt._hd._buckets.index(bucket), threading.current_thread().name))
-        reduce(engine, options, bucket)
-
-    monkeypatch.setattr(module, "_reduce", noting)
-    from hpcdist.collectives import shm
-
-    reference, model = _model(), _model()
-    _train(reference, _optimizer(reference, "adam"), 0, 1, 1)
-    opt = hdt.DistributedOptimizer(_optimizer(model, "adam"), model=model, bytes_per_pack=256)
-    # each lane's windows exist now (made on this thread, in lane order, unless an earlier
-    # engine of that lane made them), in the same order on every rank: MPI_Finalize frees
-    # them in it, and an order made by the lanes' threads could differ and hang it
-    made = [(slot_bytes, lane) for _members, slot_bytes, lane in shm._WINDOWS]
-    if w.size // w.node_count > 1:  # (windows are for nodes of several ranks)
-        assert {lane for _, lane in made} >= {0, 1}
-    assert w.comm.allgather(made) == [made] * w.size
-    buckets = len(opt._hd._buckets)
-    assert buckets >= module.LANES == 2
-    _train(model, opt, w.rank, w.size, 1)
-    lanes = [f"hpcdist-torch-comm-{k}" for k in range(module.LANES)]
-    assert sorted(seen) == sorted([(k, lanes[k % module.LANES]) for k in range(buckets)] * STEPS)
-    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
-        assert torch.allclose(p, q, rtol=0, atol=1e-9), (p - q).abs().max()
-
-
 def test_grad_scaler_equivalence_and_agreed_skips() -> None:
     w = world()
     reference = _model()

@@ -36,7 +36,7 @@ def test_collectives_of_two_threads_each_close_their_own_record():
     rec = recorder.FlightRecorder(8)
     opened, closing = threading.Event(), threading.Event()
 
-    def other() -> None:  # another lane's collective: opened first, closed last
+    def other() -> None:  # another thread's collective: opened first, closed last
         rec.begin("1/2", 1, "allreduce(op=SUM, [float32(8,)])", "mpi")
         opened.set()
         closing.wait(5)

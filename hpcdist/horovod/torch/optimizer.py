@@ -45,7 +45,6 @@ class _GradientEngine(Collectives):
     summed: bool = False
     predivide: float = 1.0
     runner: Runner | None = None  # the process set's runner for this optimizer (join-aware)
-    parallel_lanes = False  # the runner negotiates one call at a time
 
     def allreduce(self, tensors: Any, op: ReduceOp | str,
                   options: CommunicationOptions | None = None, *, out: Any = None) -> list[Any]:
