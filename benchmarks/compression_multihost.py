@@ -15,8 +15,9 @@ and runs one job of 2 hosts x 1 rank that measures, side by side in one run
   all-reduced by the engine with and without ``compression="bf16"``;
 * what bounds any library's MLP step, in the same rounds: the forward pass alone, and
   the MLP's bf16 gradients all-reduced alone as one tensor by gloo and by hpcdist.
-  No synchronous data-parallel step is shorter than forward + that gloo time
-  (``bound_s``); ``bound_vs_ddp_bf16_hook`` is the best ratio to the hook it allows.
+  A step that finishes its communication before the next forward starts (DDP's and
+  hpcdist's schedule) is no shorter than forward + that gloo time (``bound_s``);
+  ``bound_vs_ddp_bf16_hook`` is the best ratio to the hook such a step allows.
 
 The hpcdist optimizers run with ``timeout_seconds=None``: blocking MPI calls on
 the communication thread (the compressed transfers themselves are tested with short
@@ -190,9 +191,8 @@ def evaluate(raw: dict) -> dict:
     }
     link = raw.get("link_Bps") or 125e6
     med = raw["mlp"]["median_s"]
-    # no synchronous data-parallel step beats its forward pass plus the link's time for its
-    # gradients (the first gradient exists only after the forward; the next forward needs
-    # the first layer's, which backward makes last): the best ratio any library could reach
+    # a step that finishes its communication before the next forward starts takes at least
+    # its forward pass (no gradient exists before it) plus the link's time for its gradients
     bound = med["forward"] + med["wire_gloo_bf16"]
     return {
         "steps_per_s": sps,
