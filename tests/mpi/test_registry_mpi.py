@@ -173,6 +173,8 @@ def test_one_bucket_shm_calls_give_the_bits_of_the_checked_plan(engine, dtype, o
     fast = engine.allreduce(xs, op, shm)
     if world().node_count == 1:
         assert engine.last_algorithm == "shm"
+    elif world().size == world().node_count:  # (checked, unchecked MPI: other sum orders)
+        pytest.skip("one rank per node: no shared window, so shm does not apply")
     planned = engine.allreduce(xs, op, checked)
     for a, b in zip(fast, planned, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
