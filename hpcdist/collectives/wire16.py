@@ -165,7 +165,7 @@ def reduce_plan(
         whole = target if target.dtype == round_dtype else _buffer("whole", total, round_dtype)
         mine = whole[lo:hi]
     widening = whole is not target
-    divide = np.asarray(scale, dtype=target.dtype) if scale > 0 and widening else None
+    divide = scale if scale > 0 and widening else 0  # (divided as widened: one pass)
     others = [(me + step) % size for step in range(1, size)]  # send to these ...
     sources = [(me - step) % size for step in range(1, size)]  # ... receive from these
     segments = segment_bounds(longest, -(-segment // _ALIGN) * _ALIGN)
@@ -202,7 +202,7 @@ def reduce_plan(
             fold_rows16(recv[:, x - lo : y - lo], mine[x - lo : y - lo], code, divisor)
         if scatter_only:
             if widening and y > x:
-                _widen(whole[x - lo : y - lo], target[x - lo : y - lo])
+                widen(whole[x - lo : y - lo], target[x - lo : y - lo], divide)
             return []
         requests = []
         for src in sources:
@@ -213,10 +213,6 @@ def reduce_plan(
             requests += [comm.Isend(_bytes(whole[x:y]), dst, TAG_GATHER) for dst in others]
         return requests
 
-    def _widen(half: np.ndarray, into: np.ndarray) -> None:
-        widen(half, into)
-        if divide is not None:
-            np.divide(into, divide, out=into)
 
     def widened(a: int, b: int) -> None:  # segment [a, b) of every chunk, into the target
         if scatter_only:
@@ -224,7 +220,7 @@ def reduce_plan(
         for rank in range(size):
             x, y = part(rank, a, b)
             if y > x:
-                _widen(whole[x:y], target[x:y])
+                widen(whole[x:y], target[x:y], divide)
 
     # The pipeline: segment s + 1's reduce-scatter is in flight while segment s is
     # folded and its all-gather starts; segment s - 1 is widened once it has arrived.

@@ -159,6 +159,26 @@ def _widen_f16(src: int, dst: int, n: int) -> None:
         o[i] = half_to_float(x[i])
 
 
+# Widened and divided in one pass (a compressed MEAN's result): the float32 division
+# is the one ``np.divide`` makes, so the bits are those of widening, then dividing.
+
+
+@njit(**_JIT)
+def _widen_bf16_divided(src: int, dst: int, n: int, d: np.float32) -> None:
+    x = numba.carray(pointer(src, np.uint16), n)
+    o = numba.carray(pointer(dst, np.float32), n)
+    for i in range(n):
+        o[i] = bfloat16_to_float(x[i]) / d
+
+
+@njit(**_JIT)
+def _widen_f16_divided(src: int, dst: int, n: int, d: np.float32) -> None:
+    x = numba.carray(pointer(src, np.uint16), n)
+    o = numba.carray(pointer(dst, np.float32), n)
+    for i in range(n):
+        o[i] = half_to_float(x[i]) / d
+
+
 def _format(dtype: np.dtype, allow_f32: bool) -> int:
     if dtype in _FORMATS:
         return _FORMATS[dtype]
@@ -247,8 +267,10 @@ def narrow(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def widen(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out[...] = x`` (exact) for a contiguous 16-bit ``x`` and float32 ``out``.
+def widen(x: np.ndarray, out: np.ndarray, divisor: int = 0) -> np.ndarray:
+    """``out[...] = x`` (exact) for a contiguous 16-bit ``x`` and float32 ``out``;
+    ``divisor`` > 0: ``out[...] = x / divisor`` in float32, in the same pass (the bits
+    of ``np.divide(out, np.float32(divisor), out=out)`` after widening).
 
     Example: ``widen(wire, np.empty(wire.shape, np.float32))``.
     """
@@ -260,6 +282,11 @@ def widen(x: np.ndarray, out: np.ndarray) -> np.ndarray:
             f"widen: x is {x.dtype}{x.shape} and out {out.dtype}{out.shape}; expected a "
             "contiguous 16-bit x and a contiguous float32 out of the same shape"
         )
-    if x.size:
+    if not x.size:
+        return out
+    if divisor > 0:
+        kernel = _widen_bf16_divided if fmt == BF16 else _widen_f16_divided
+        kernel(_address(x), _address(out), x.size, np.float32(divisor))
+    else:
         (_widen_bf16 if fmt == BF16 else _widen_f16)(_address(x), _address(out), x.size)
     return out

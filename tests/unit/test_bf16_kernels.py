@@ -48,6 +48,18 @@ def test_widen_is_exact() -> None:
 
 
 @pytest.mark.parametrize("dtype", [BFLOAT16, np.dtype(np.float16)], ids=str)
+@pytest.mark.parametrize("divisor", [2, 3, 7])
+def test_widen_divided_is_widen_then_numpy_divide(dtype, divisor) -> None:
+    # every 16-bit pattern (NaNs, infinities, subnormals) widened and divided in one pass
+    half = np.arange(2**16, dtype=np.uint16).view(dtype)
+    expected = widen(half, np.empty(half.shape, np.float32))
+    with np.errstate(invalid="ignore"):
+        np.divide(expected, np.float32(divisor), out=expected)
+    got = widen(half, np.empty(half.shape, np.float32), divisor)
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", [BFLOAT16, np.dtype(np.float16)], ids=str)
 @pytest.mark.parametrize("op", [SUM, MEAN, MIN, MAX])
 def test_fold_accumulates_in_float32_and_rounds_once(dtype, op) -> None:
     rng = np.random.default_rng(op)
