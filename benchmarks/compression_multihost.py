@@ -17,7 +17,10 @@ and runs one job of 2 hosts x 1 rank that measures, side by side in one run
   the MLP's bf16 gradients all-reduced alone as one tensor by gloo and by hpcdist.
   A step that finishes its communication before the next forward starts (DDP's and
   hpcdist's schedule) is no shorter than forward + that gloo time (``bound_s``);
-  ``bound_vs_ddp_bf16_hook`` is the best ratio to the hook such a step allows.
+  ``bound_vs_ddp_bf16_hook`` is the best ratio to the hook such a step allows;
+* the same two transfers while a backward pass of the MLP runs on another thread of
+  each rank (``*_with_backward``), and each transfer's CPU time alone: what the
+  overlap in a step costs each transport (``transport_with_backward``).
 
 The hpcdist optimizers run with ``timeout_seconds=None``: blocking MPI calls on
 the communication thread (the compressed transfers themselves are tested with short
@@ -42,6 +45,7 @@ import pathlib
 import socket
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -56,7 +60,10 @@ from common import RESULTS, pyplot, save_report  # noqa: E402
 NAME = "compression_multihost"
 LAYOUT = (("hpcn1", 1), ("hpcn2", 1))
 TARGETS = {"vs_ddp_gloo": 1.5, "vs_ddp_bf16_hook": 1.1, "resnet50_compressed": 1.7}
-BOUND_PARTS = ("forward", "wire_gloo_bf16", "wire_hpcdist_bf16")  # timed, but not steps
+BOUND_PARTS = (  # timed, but not steps
+    "forward", "wire_gloo_bf16", "wire_hpcdist_bf16",
+    "wire_gloo_bf16_with_backward", "wire_hpcdist_bf16_with_backward",
+)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- worker
@@ -156,8 +163,29 @@ def worker(args: argparse.Namespace) -> int:
     engine = Collectives()
     packed = CommunicationOptions(compression="bf16")
     steps["wire_hpcdist_bf16"] = lambda: engine.allreduce([wire32], "MEAN", packed, out=[wire32])
+    busy = _mlp()  # its own parameters: a backward pass beside a transfer, as in a step
+
+    def with_backward(transfer: Any) -> Any:
+        def run() -> None:
+            busy.zero_grad(set_to_none=True)
+            thread = threading.Thread(target=lambda: loss_fn(busy(x), y).backward())
+            thread.start()
+            transfer()
+            thread.join()
+
+        return run
+
+    for name in ("wire_gloo_bf16", "wire_hpcdist_bf16"):
+        steps[f"{name}_with_backward"] = with_backward(steps[name])
     barrier = w.comm.Barrier
     model_times = _median_rounds(steps, args.rounds, args.steps, barrier)
+    cpu = {}  # CPU seconds of this process per transfer alone (gloo's own threads included)
+    for name in ("wire_gloo_bf16", "wire_hpcdist_bf16"):
+        barrier()
+        start = time.process_time()
+        for _ in range(args.steps):
+            steps[name]()
+        cpu[name] = (time.process_time() - start) / args.steps
     grads = resnet50_gradients(np.float32, fill=w.rank + 1.0)
     plain = CommunicationOptions()
     resnet = _median_rounds(
@@ -171,7 +199,7 @@ def worker(args: argparse.Namespace) -> int:
             "parameters": params, "batch_per_rank": args.batch, "ranks": w.size,
             "algorithm": engine.last_algorithm, "torch": torch.__version__,
             "btl_tcp_links": os.environ.get("OMPI_MCA_btl_tcp_links"),  # hpcdist's default: 2
-            "mlp": model_times, "resnet50": resnet,
+            "mlp": model_times, "resnet50": resnet, "transfer_cpu_s": cpu,
             "resnet50_parameters": int(sum(a.size for a in grads)),
         }  # fmt: skip
         pathlib.Path(args.out).write_text(json.dumps(out))
@@ -199,6 +227,14 @@ def evaluate(raw: dict) -> dict:
         "bound_s": {"step": bound, "forward": med["forward"], "wire_gloo_bf16": med[
             "wire_gloo_bf16"], "wire_hpcdist_bf16": med["wire_hpcdist_bf16"]},
         "bound_vs_ddp_bf16_hook": med["ddp_gloo_bf16_hook"] / bound,
+        # seconds a backward pass on another thread adds to each transport's transfer
+        "transport_with_backward": {
+            lib: {"alone_s": med[f"wire_{lib}_bf16"],
+                  "cpu_s": raw["transfer_cpu_s"][f"wire_{lib}_bf16"],
+                  "with_backward_s": med[f"wire_{lib}_bf16_with_backward"],
+                  "added_s": med[f"wire_{lib}_bf16_with_backward"] - med[f"wire_{lib}_bf16"]}
+            for lib in ("gloo", "hpcdist")
+        },  # fmt: skip
         # a 2-rank allreduce sends its whole buffer each way: the wire's share of a step
         "wire_s": {"float32": raw["parameters"] * 4 / link, "bf16": raw["parameters"] * 2 / link},
         "ratios": ratios,
