@@ -114,7 +114,9 @@ class Model:
         self._after(n, elements, True)
 
     def skip(self, c: int) -> None:
-        n = 0 if c < 0 else max(0, self.count - c)
+        # skipping from an infinite pipeline leaves it infinite, even skip(-1) (tf.data's
+        # cardinality; iterating it would never end)
+        n = self.count if self.count == float("inf") else 0 if c < 0 else max(0, self.count - c)
         elements = None if self.elements is None else ([] if c < 0 else self.elements[c:])
         self._after(n, elements, c == 0)
 
@@ -205,6 +207,24 @@ def _build(args: tuple[Any, ...], ops: list[tuple[str, tuple[Any, ...]]]) -> Dat
 MAX_SOURCE = 10_000
 
 
+def _walks_too_far(ops: list[tuple[str, tuple[Any, ...]]]) -> bool:
+    """Whether iterating would walk more than :data:`MAX_SOURCE` elements for one output:
+    after a ``repeat`` forever or of more than that many, a ``skip`` of all (-1) or of more
+    than that many, or a ``shard``, ``batch`` or shuffle buffer of more than that many
+    (``range(14).repeat(2**63 - 1).skip(2**63 - 1)`` steps through its elements one by
+    one, as tf.data does). Such pipelines are checked by cardinality only.
+    """
+    repeated = False
+    for op, params in ops:
+        count = None if params[0] is None else int(params[0])
+        if op == "repeat":
+            repeated = repeated or count is None or count < 0 or count > MAX_SOURCE
+        elif repeated and op in ("skip", "shard", "batch", "shuffle") and count is not None:
+            if count > MAX_SOURCE or (op == "skip" and count < 0):
+                return True
+    return False
+
+
 def _model(args: tuple[Any, ...], ops: list[tuple[str, tuple[Any, ...]]]) -> Model:
     source = range(*(int(a) for a in args))
     model = Model(list(source) if len(source) <= MAX_SOURCE else [])
@@ -239,6 +259,9 @@ def _elements(ds: Dataset) -> list[Any]:
 @example(((0,), [("repeat", (None,))]))  # repeat(None) repeats forever; once found by the fuzzer
 @example(((3,), [("repeat", (None,)), ("take", (7,))]))
 @example(((2,), [("repeat", (None,)), ("repeat", (0,))]))  # forever, then none: empty
+@example(((14,), [("skip", (12,)), ("take", (3,)), ("repeat", (INT64_MAX,)), ("skip", (INT64_MAX,))]))  # noqa: E501 (once hung: walked 2**63 elements)
+@example(((1,), [("repeat", (-1,)), ("skip", (-1,))]))  # infinite: skip(-1) never ends
+@example(((28, 20, -2), [("repeat", (2**62,)), ("shuffle", (2**31, 1, True))]))  # 2**31 buffered
 def test_pipeline_arguments_are_typed_errors_or_exact_elements(case: Any) -> None:
     args, ops = case
     ds = typed(lambda: _build(args, ops))
@@ -255,7 +278,7 @@ def test_pipeline_arguments_are_typed_errors_or_exact_elements(case: Any) -> Non
         assert typed(lambda: len(ds)) == card  # len() of a finite dataset
     else:
         assert typed(lambda: len(ds)) is None  # TypeError: infinite, unknown or too long
-    if len(range(*(int(a) for a in args))) > MAX_SOURCE:
+    if len(range(*(int(a) for a in args))) > MAX_SOURCE or _walks_too_far(ops):
         return
     batches = [op for op, params in ops if op == "batch"]
     try:
