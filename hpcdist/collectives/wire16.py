@@ -213,7 +213,6 @@ def reduce_plan(
             requests += [comm.Isend(_bytes(whole[x:y]), dst, TAG_GATHER) for dst in others]
         return requests
 
-
     def widened(a: int, b: int) -> None:  # segment [a, b) of every chunk, into the target
         if scatter_only:
             return  # (widened as folded)
