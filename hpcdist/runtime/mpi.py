@@ -10,6 +10,8 @@ Environment:
     ``HPCDIST_CUDA_AWARE_MPI``: ``1``/``0`` overrides the CUDA-awareness query.
     ``HPCDIST_MPI_DEFAULTS``: ``0`` keeps Open MPI's own defaults where hpcdist
     would choose others (:mod:`hpcdist.runtime.mpi_defaults`).
+    ``HPCDIST_START_FENCE``: ``0`` skips the fence that keeps every rank from
+    sending before all have finished ``MPI_Init`` (:mod:`hpcdist.runtime.pmix`).
 
 Example:
     >>> MPI = mpi()
@@ -28,7 +30,9 @@ from types import ModuleType
 from hpcdist.cluster.envparse import env_flag, environ_or_default
 from hpcdist.cluster.mpi import set_mpi_provider
 from hpcdist.errors import ClusterConfigError
+from hpcdist.runtime.libraries import mapped_libraries
 from hpcdist.runtime.mpi_defaults import apply_mpi_defaults
+from hpcdist.runtime.pmix import start_fence
 
 THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
 
@@ -49,6 +53,7 @@ def mpi() -> ModuleType:
     apply_mpi_defaults()  # Open MPI reads its parameters from the environment at MPI_Init
     from mpi4py import MPI  # lazy: MPI start-up (importing mpi4py.MPI initialises MPI)
 
+    start_fence(MPI.COMM_WORLD.Get_size())  # before any rank's first message
     return MPI
 
 
@@ -86,13 +91,7 @@ def library_version() -> str:
 def loaded_mpi_libraries() -> list[str]:
     """Paths of the MPI shared libraries mapped into this process (Linux only)."""
     mpi()
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/" in line}
-    except OSError:
-        return []
-    wanted = ("libmpi.", "libmpi_", "libmpich", "libmpi-")
-    return sorted(p for p in paths if os.path.basename(p).startswith(wanted))
+    return mapped_libraries(("libmpi.", "libmpi_", "libmpich", "libmpi-"))
 
 
 def cuda_aware_support(environ: Mapping[str, str] | None = None) -> bool | None:

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 import pytest
 
 from hpcdist.cluster import MPIClusterResolver, detect_launcher
 from hpcdist.errors import LaunchError
 from hpcdist.runtime import build_world, check_launch, mpi, world
+from hpcdist.runtime.mpi import library_version
+from hpcdist.runtime.pmix import pmix_client, start_fence
 from hpcdist.runtime.topology import virtual_nodes_from_env
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -175,3 +178,20 @@ def test_gpu_binding_splits_within_groups_that_share_a_list():
 def test_gpu_binding_without_gpus_is_the_cpu():
     w, binding = _binding_with(lambda rank: "")
     assert binding.visible == ()
+
+
+def test_start_fence_holds_every_rank_until_the_last_enters():
+    """The start-up fence is a barrier through the launcher (PMIx), not an MPI message."""
+    comm = mpi().COMM_WORLD
+    if pmix_client() is None:
+        assert not library_version().startswith("Open MPI v5"), "Open MPI 5 is a PMIx client"
+        pytest.skip(f"{library_version()}: no PMIx client in this process, no fence to test")
+    late = comm.Get_size() - 1
+    comm.Barrier()
+    if comm.Get_rank() == late:
+        time.sleep(0.6)
+    started = time.perf_counter()
+    assert start_fence(comm.Get_size()) is True
+    waited = time.perf_counter() - started
+    waits = comm.allgather(waited)
+    assert min(w for r, w in enumerate(waits) if r != late) >= 0.3, waits

@@ -11,6 +11,7 @@ import pytest
 from hpcdist.errors import ClusterConfigError
 from hpcdist.runtime import build_world, cuda_aware_support, world
 from hpcdist.runtime.mpi import THREAD_LEVELS, loaded_mpi_libraries, thread_level_name
+from hpcdist.runtime.pmix import start_fence
 from hpcdist.runtime.topology import virtual_nodes_from_env
 
 
@@ -27,6 +28,26 @@ def test_import_does_not_start_mpi():
     done = _python("import sys, hpcdist; print('mpi4py.MPI' in sys.modules)")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_mpi_start_up_runs_the_start_fence_with_the_world_size():
+    code = (
+        "import sys, hpcdist.runtime.mpi; m = sys.modules['hpcdist.runtime.mpi']; seen = []\n"
+        "m.start_fence = lambda size: seen.append(size) or False\n"
+        "m.mpi(); m.mpi(); print(seen)"
+    )
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[1]", "once, when MPI starts, with COMM_WORLD's size"
+
+
+def test_start_fence_skips_a_world_of_one_and_an_opt_out(monkeypatch):
+    assert start_fence(1) is False
+    monkeypatch.setenv("HPCDIST_START_FENCE", "0")
+    assert start_fence(4) is False, "opted out: no fence, whatever the launcher"
+    monkeypatch.setenv("HPCDIST_START_FENCE", "sometimes")
+    with pytest.raises(ClusterConfigError, match="HPCDIST_START_FENCE"):
+        start_fence(4)
 
 
 def test_plain_python_is_a_world_of_one():
