@@ -1,21 +1,26 @@
 """The start-up fence: no rank sends before every rank has finished ``MPI_Init``.
 
 Open MPI 5 can crash a rank inside ``MPI_Init`` (a segmentation fault in
-``mca_pml_ob1_recv_frag_callback_match``, at address ``0xe0``). Its last step is a
-PMIx fence, and the launcher does not tell every node at once that the fence is
-complete: a rank that hears first returns from ``MPI_Init`` and may send at once,
-while a rank that hears later still waits in the fence, lets its TCP transport
-take the message, and reads it on a ``MPI_COMM_WORLD`` its message layer does not
-know yet. Measured on the SLURM cluster across the namespace hosts
-(``tests/multihost/slurm.sh``), a bare ``mpi4py`` ``allreduce`` right after start-up
-crashed 1 job in 80 launched by ``srun --mpi=pmix`` on two busy hosts.
+``mca_pml_ob1_recv_frag_callback_match``, at address ``0xe0``): a rank of another
+host that has already returned from ``MPI_Init`` sends to it, and it reads the
+message, in the wait of its last PMIx fence, on a ``MPI_COMM_WORLD`` its message
+layer does not know yet. That last fence collects no data, and under SLURM's PMIx
+(``srun --mpi=pmix``) such a fence does not wait for the other hosts: measured on
+the namespace hosts of ``tests/multihost``, a rank whose host entered it a second
+later did not hold up the other host's rank at all. So one host's ranks may start
+sending while another host's are still inside ``MPI_Init``; a bare ``mpi4py``
+``allreduce`` right after start-up crashed this way in about 1 job in 80 on two busy
+hosts, and in every job where one rank was made to hear a second late
+(``tests/multihost/late_fence.c``).
 
 So when hpcdist starts MPI itself it calls :func:`start_fence`: one more PMIx fence
-over the job, which a rank leaves only once every rank has entered it, that is
-after every rank's ``MPI_Init`` has returned. It waits on the launcher alone (no
-MPI message), costs one round trip to the launcher, and runs only where the
-process is a PMIx client in a job of more than one process (``mpirun`` of Open
-MPI 5, ``srun --mpi=pmix``); a singleton, or an MPI without PMIx, skips it.
+over the job, asking to collect data (``PMIX_COLLECT_DATA``, there is none new to
+collect), which makes every host wait for every other's contribution. A rank leaves it
+only once every rank has entered it, that is after every rank's ``MPI_Init`` has
+returned. It waits on the launcher alone (no MPI message), costs one round trip
+through the launcher, and runs only where the process is a PMIx client in a job of
+more than one process (``mpirun`` of Open MPI 5, ``srun --mpi=pmix``); a singleton,
+or an MPI without PMIx, skips it.
 
 Environment:
     ``HPCDIST_START_FENCE=0`` skips it: for a job whose processes do not all start
@@ -40,6 +45,10 @@ log = logging.getLogger("hpcdist")
 
 #: PMIx's status for success.
 PMIX_SUCCESS = 0
+#: The fence attribute that asks it to collect data (``PMIX_COLLECT_DATA``), and the
+#: type code of its value (``PMIX_BOOL``).
+PMIX_COLLECT_DATA = b"pmix.collect"
+PMIX_BOOL = 1
 
 
 def pmix_client() -> ctypes.CDLL | None:
@@ -57,6 +66,24 @@ def pmix_client() -> ctypes.CDLL | None:
     return None
 
 
+def _collect_data(lib: ctypes.CDLL) -> ctypes.c_void_p | None:
+    """A one-entry ``pmix_info_t`` array asking the fence to collect data, or ``None``
+    where the PMIx library cannot build one (before PMIx 4)."""
+    try:
+        create, load = lib.PMIx_Info_create, lib.PMIx_Info_load
+    except AttributeError:
+        return None
+    create.restype = ctypes.c_void_p
+    create.argtypes = [ctypes.c_size_t]
+    load.restype = ctypes.c_int
+    load.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint16]
+    info = create(1)
+    flag = ctypes.c_bool(True)
+    if not info or load(info, PMIX_COLLECT_DATA, ctypes.byref(flag), PMIX_BOOL) != PMIX_SUCCESS:
+        return None
+    return info
+
+
 def start_fence(world_size: int) -> bool:
     """Wait until every process of this PMIx job has entered this fence; whether it ran.
 
@@ -69,10 +96,17 @@ def start_fence(world_size: int) -> bool:
     lib = pmix_client()
     if lib is None:
         return False
+    info = _collect_data(lib)
     fence = lib.PMIx_Fence
     fence.restype = ctypes.c_int
     fence.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
-    status = fence(None, 0, None, 0)  # no processes named: all of this process's job
+    # No processes named: all of this process's job.
+    status = fence(None, 0, info, 0 if info is None else 1)
+    if info is not None:
+        free = lib.PMIx_Info_free
+        free.restype = None
+        free.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        free(info, 1)
     if status != PMIX_SUCCESS:
         log.warning("hpcdist: the PMIx start-up fence failed with PMIx status %d", status)
     return True

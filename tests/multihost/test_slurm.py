@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
 
 from tests.multihost.rig import HERE
-from tests.slurm.jobs import SLURM_DIR, read, run, sbatch, wait
+from tests.slurm.jobs import SLURM_DIR, job_env, read, run, sbatch, wait
 from tests.slurm.test_requeue import check_requeue_round_trip
 
 STATE = os.environ.get("HPCDIST_MH_SLURM_DIR", "/var/spool/slurm-hpcdist-mh")
@@ -55,6 +56,36 @@ def test_srun_pmix_spans_two_hosts():
     assert info["job"]["node_count"] == 2 and info["job"]["world_size"] == 4
     layout = sorted((r["rank"], r["host"], r["local_rank"]) for r in info["ranks"])
     assert layout == [(0, "hpcn1", 0), (1, "hpcn1", 1), (2, "hpcn2", 0), (3, "hpcn2", 1)]
+
+
+@pytest.mark.timeout(180)
+def test_start_fence_keeps_a_late_host_from_crashing_in_mpi_init(tmp_path):
+    """Open MPI 5 crashes a rank inside MPI_Init when a rank of another host sends before
+    it has set up MPI_COMM_WORLD (hpcdist.runtime.pmix). Host 1's rank hears 1 s late that
+    MPI_Init's fences are complete (late_fence.c); host 2's rank sends at once."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler, "a C compiler builds the LD_PRELOAD library of this test"
+    late = tmp_path / "late_fence.so"
+    command = [compiler, "-shared", "-fPIC", "-o", str(late), str(HERE / "late_fence.c"), "-ldl"]
+    build = subprocess.run([*command, "-lpthread"], capture_output=True, text=True, check=False)
+    assert build.returncode == 0, build.stderr
+    script = ("from hpcdist.runtime import mpi; c = mpi().COMM_WORLD; "
+              "print('sum', c.allreduce(c.Get_rank() + 1), flush=True)")
+
+    def step(fence: str) -> subprocess.CompletedProcess:
+        env = job_env({"LD_PRELOAD": str(late), "LATE_FENCE_RANK": "0", "LATE_FENCE_MS": "1000",
+                       "HPCDIST_START_FENCE": fence})
+        return run(["srun", "--mpi=pmix", "-N", "2", "--ntasks-per-node=1", "python", "-c", script],
+                   timeout=120, env=env)
+
+    fenced = step("1")
+    assert fenced.returncode == 0 and fenced.stdout.count("sum 3") == 2, fenced.stdout[-3000:]
+    unfenced = step("0")
+    assert unfenced.returncode != 0 and "Segmentation fault" in unfenced.stdout, (
+        "without the start fence this run crashed Open MPI 5.0.11 every time; if this MPI no "
+        "longer does, the fence may be unnecessary (hpcdist.runtime.pmix):\n"
+        + unfenced.stdout[-3000:]
+    )
 
 
 @pytest.mark.timeout(330)
