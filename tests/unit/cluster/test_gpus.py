@@ -657,9 +657,23 @@ def test_count_falls_back_to_cupy_in_a_child(real_count: pytest.MonkeyPatch) -> 
 
     real_count.setattr(gpus.shutil, "which", lambda name: None)
     real_count.setattr(gpus.importlib.util, "find_spec", lambda name: object())
+    real_count.setattr(gpus.glob, "glob", lambda pattern: ["/dev/nvidia0"] * ("nvidia" in pattern))
     real_count.setattr(gpus.subprocess, "run", run)
     assert count_gpus() == 3
     assert commands[0][0] == sys.executable and "getDeviceCount" in commands[0][-1]
+
+
+def test_count_without_a_gpu_driver_starts_no_cupy_child(real_count: pytest.MonkeyPatch) -> None:
+    def run(cmd, **kwargs):
+        raise AssertionError(f"no GPU driver's device file, yet {cmd} ran")
+
+    seen = []
+    real_count.setattr(gpus.shutil, "which", lambda name: None)
+    real_count.setattr(gpus.importlib.util, "find_spec", lambda name: object())
+    real_count.setattr(gpus.glob, "glob", lambda pattern: seen.append(pattern) or [])
+    real_count.setattr(gpus.subprocess, "run", run)
+    assert count_gpus() == 0
+    assert seen == list(gpus.GPU_DEVICE_FILES)
 
 
 def test_module_imports_only_the_standard_library() -> None:
